@@ -1,0 +1,197 @@
+"""Start, health-check, restart and stop one SGLang server process with the versioned-lora patches.
+
+The server runs in a new process session (``start_new_session=True``), so its pid is also the id
+of a process group holding the server and everything SGLang spawns; stopping signals that group by
+pid, which leaves no orphan scheduler or detokenizer behind.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import httpx
+
+from versioned_lora.sglang_patches.mechanism import PATCHES_ENV
+
+# RFC "first supported configuration": two pinned managed adapters plus one free slot; radix cache
+# on (SGLang's default); overlap scheduling, speculative decoding and CUDA graphs off.
+MANAGED_LORA_ARGS: tuple[str, ...] = (
+    "--enable-lora",
+    "--max-loras-per-batch", "3",
+    "--max-loaded-loras", "3",
+    "--disable-overlap-schedule",
+    "--disable-cuda-graph",
+)
+
+# CPU-only host (DESIGN.md §5): the torch-native LoRA and attention backends, token ids in and out
+# (no tokenizer in the fixture), and a bounded KV pool (otherwise the scheduler reserves ~70% of RAM).
+CPU_ARGS: tuple[str, ...] = (
+    "--device", "cpu",
+    "--lora-backend", "torch_native",
+    "--attention-backend", "torch_native",
+    "--max-total-tokens", "8192",
+)
+
+DEFAULT_PATCHES: tuple[str, ...] = ("cpu", "introspection")
+
+
+class EngineStartError(RuntimeError):
+    """The engine did not become healthy; the message carries the tail of its log."""
+
+
+@attrs.define
+class EngineConfig:
+    model_dir: Path
+    port: int
+    host: str = "127.0.0.1"
+    max_lora_rank: int = 8
+    lora_target_modules: Sequence[str] = ("q_proj", "v_proj")
+    patches: Sequence[str] = DEFAULT_PATCHES
+    cpu: bool = True
+    extra_args: Sequence[str] = ()
+    log_path: Path | None = None
+    env: dict[str, str] = attrs.field(factory=dict)
+
+    def command(self) -> list[str]:
+        args = [
+            sys.executable, "-m", "versioned_lora.sglang_patches.server",
+            "--model-path", str(self.model_dir),
+            "--host", self.host,
+            "--port", str(self.port),
+            "--skip-tokenizer-init",
+            "--max-lora-rank", str(self.max_lora_rank),
+            "--lora-target-modules", *self.lora_target_modules,
+            *MANAGED_LORA_ARGS,
+        ]
+        if self.cpu:
+            args += CPU_ARGS
+        return args + list(self.extra_args)
+
+
+class EngineProcess:
+    """One SGLang server. ``start()`` blocks until ``/health`` answers or raises EngineStartError."""
+
+    def __init__(self, config: EngineConfig) -> None:
+        self.config = config
+        self._proc: subprocess.Popen[bytes] | None = None
+        self._log_file: Any = None
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.config.host}:{self.config.port}"
+
+    @property
+    def pid(self) -> int | None:
+        return self._proc.pid if self._proc is not None else None
+
+    def start(self, timeout_s: float = 300.0) -> None:
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError(f"engine on port {self.config.port} is already running (pid {self._proc.pid})")
+        env = {**os.environ, **self.config.env, PATCHES_ENV: ",".join(self.config.patches)}
+        env.setdefault("PYTHONUNBUFFERED", "1")
+        log_path = self.config.log_path or Path(f"/tmp/versioned_lora_engine_{self.config.port}.log")
+        log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log_file = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
+        self._proc = subprocess.Popen(
+            self.config.command(),
+            stdout=self._log_file,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self._wait_healthy(timeout_s, log_path)
+
+    def _wait_healthy(self, timeout_s: float, log_path: Path) -> None:
+        assert self._proc is not None
+        deadline = time.monotonic() + timeout_s
+        with httpx.Client(timeout=5.0) as client:
+            while time.monotonic() < deadline:
+                if self._proc.poll() is not None:
+                    raise EngineStartError(
+                        f"engine on port {self.config.port} exited with {self._proc.returncode} during start; "
+                        f"log {log_path}:\n{_tail(log_path)}"
+                    )
+                try:
+                    if client.get(f"{self.url}/health").status_code == 200:
+                        return
+                except httpx.HTTPError:
+                    pass
+                time.sleep(1.0)
+        self.stop()
+        raise EngineStartError(
+            f"engine on port {self.config.port} not healthy after {timeout_s:.0f}s; log {log_path}:\n{_tail(log_path)}"
+        )
+
+    def process_ids(self) -> list[int]:
+        """The server pid and every descendant (scheduler, detokenizer)."""
+        import psutil
+
+        if self._proc is None or self._proc.poll() is not None:
+            return []
+        root = psutil.Process(self._proc.pid)
+        return [root.pid, *(child.pid for child in root.children(recursive=True))]
+
+    def kill_hard(self) -> None:
+        """SIGKILL the server and its children, like a crash (no graceful shutdown)."""
+        for pid in self.process_ids():
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        if self._proc is not None:
+            self._proc.wait(timeout=30)
+        self._close_log()
+
+    def stop(self, grace_s: float = 20.0) -> None:
+        if self._proc is None:
+            return
+        if self._proc.poll() is None:
+            _signal_group(self._proc.pid, signal.SIGTERM)
+            try:
+                self._proc.wait(timeout=grace_s)
+            except subprocess.TimeoutExpired:
+                pass
+        # Children may outlive the server briefly; the group id is the server pid.
+        _signal_group(self._proc.pid, signal.SIGKILL)
+        if self._proc.poll() is None:
+            self._proc.wait(timeout=30)
+        self._close_log()
+
+    def restart(self, timeout_s: float = 300.0) -> None:
+        self.stop()
+        self._proc = None
+        self.start(timeout_s)
+
+    def _close_log(self) -> None:
+        if self._log_file is not None:
+            self._log_file.close()
+            self._log_file = None
+
+    def __enter__(self) -> EngineProcess:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _signal_group(pgid: int, sig: signal.Signals) -> None:
+    try:
+        os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "<no log>"

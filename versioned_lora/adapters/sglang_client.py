@@ -1,0 +1,130 @@
+"""Async HTTP client for one SGLang engine: generate with an exact ``lora_path``, the stock LoRA
+control endpoints, and the versioned-lora status endpoint.
+
+No hidden retries: a request is sent once. A timeout or a dropped connection means the outcome is
+unknown (the engine may have accepted the request), which the caller must treat as such; it is
+raised as :class:`UnknownOutcome`, never folded into a failure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+import httpx
+
+
+class UnknownOutcome(Exception):
+    """The request may or may not have taken effect on the engine (timeout, lost connection)."""
+
+
+class EngineHTTPError(Exception):
+    """The engine answered with an error status; the request certainly failed there."""
+
+    def __init__(self, status_code: int, body: str) -> None:
+        super().__init__(f"HTTP {status_code}: {body[:500]}")
+        self.status_code = status_code
+        self.body = body
+
+
+@attrs.frozen
+class Generation:
+    output_ids: list[int]
+    logprobs: list[float]  # logprob of each generated token
+    cached_tokens: int
+    finish_reason: Any
+    raw: dict[str, Any]
+
+
+class SGLangClient:
+    def __init__(self, base_url: str, timeout_s: float = 120.0) -> None:
+        self.base_url = base_url
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> SGLangClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+    async def _post(self, path: str, payload: dict[str, Any], timeout_s: float | None = None) -> httpx.Response:
+        try:
+            if timeout_s is None:
+                return await self._http.post(path, json=payload)
+            return await self._http.post(path, json=payload, timeout=timeout_s)
+        except (httpx.TimeoutException, httpx.RemoteProtocolError, httpx.ReadError) as exc:
+            raise UnknownOutcome(f"POST {path}: {type(exc).__name__}: {exc}") from exc
+
+    async def generate(
+        self,
+        input_ids: Sequence[int],
+        lora_path: str | None,
+        max_new_tokens: int = 8,
+        *,
+        temperature: float = 0.0,
+        ignore_eos: bool = False,
+        rid: str | None = None,
+        timeout_s: float | None = None,
+        extra_sampling: dict[str, Any] | None = None,
+    ) -> Generation:
+        payload: dict[str, Any] = {
+            "input_ids": list(input_ids),
+            "sampling_params": {
+                "max_new_tokens": max_new_tokens,
+                "temperature": temperature,
+                "ignore_eos": ignore_eos,
+                **(extra_sampling or {}),
+            },
+            "return_logprob": True,
+        }
+        if lora_path is not None:
+            payload["lora_path"] = lora_path
+        if rid is not None:
+            payload["rid"] = rid
+        response = await self._post("/generate", payload, timeout_s)
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, response.text)
+        body = response.json()
+        meta = body["meta_info"]
+        return Generation(
+            output_ids=list(body.get("output_ids") or []),
+            logprobs=[entry[0] for entry in meta.get("output_token_logprobs") or []],
+            cached_tokens=int(meta.get("cached_tokens") or 0),
+            finish_reason=meta.get("finish_reason"),
+            raw=body,
+        )
+
+    async def load_lora_adapter(self, name: str, path: str, pinned: bool = False) -> dict[str, Any]:
+        response = await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path, "pinned": pinned})
+        return _json_or_raise(response)
+
+    async def unload_lora_adapter(self, name: str, timeout_s: float | None = None) -> dict[str, Any]:
+        response = await self._post("/unload_lora_adapter", {"lora_name": name}, timeout_s)
+        return _json_or_raise(response)
+
+    async def abort_request(self, rid: str) -> None:
+        response = await self._post("/abort_request", {"rid": rid})
+        if response.status_code != 200:
+            raise EngineHTTPError(response.status_code, response.text)
+
+    async def status(self) -> dict[str, Any]:
+        try:
+            response = await self._http.get("/versioned_lora/status")
+        except httpx.HTTPError as exc:
+            raise UnknownOutcome(f"GET status: {exc}") from exc
+        return _json_or_raise(response)
+
+    async def adapter(self, name: str) -> dict[str, Any] | None:
+        """The status entry of one registered adapter, or None if the name is not registered."""
+        return next((a for a in (await self.status())["adapters"] if a["name"] == name), None)
+
+
+def _json_or_raise(response: httpx.Response) -> dict[str, Any]:
+    if response.status_code >= 400:
+        raise EngineHTTPError(response.status_code, response.text)
+    body: dict[str, Any] = response.json()
+    return body

@@ -1,0 +1,73 @@
+"""Patch set "introspection": a read-only status endpoint on the SGLang HTTP server.
+
+``GET /versioned_lora/status`` reports, for each adapter registered in the tokenizer manager's
+``LoRARegistry`` (``sglang.srt.lora.lora_registry``), its name, ``lora_id`` and pinned flag from
+``LoRARegistry._registry`` (name -> ``LoRARef``) and its native request refcount from
+``LoRARegistry._counters[lora_id]`` (a ``ConcurrentCounter``; ``acquire`` increments it in
+``TokenizerManager._resolve_lora_path`` and ``release`` decrements it in
+``TokenizerManager._release_lora_once``). Counters of unregistered adapters whose unload still
+waits (``_counters`` entries with no registry name) are listed under ``draining``. Plus the
+server's pid and this engine incarnation.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import uuid
+from typing import Any
+
+from versioned_lora.sglang_patches.mechanism import applied_patches
+
+STATUS_PATH = "/versioned_lora/status"
+
+# Minted once per server process start: a READY or receipt from an older incarnation is stale.
+INCARNATION = f"{uuid.uuid4().hex[:16]}"
+STARTED_AT = time.time()
+
+
+def lora_registry_snapshot(tokenizer_manager: Any) -> dict[str, Any]:
+    registry = tokenizer_manager.lora_registry
+    names = dict(registry._registry)  # name -> LoRARef
+    counters = dict(registry._counters)  # lora_id -> ConcurrentCounter
+    registered_ids = {ref.lora_id for ref in names.values()}
+    adapters = [
+        {
+            "name": name,
+            "lora_id": ref.lora_id,
+            "pinned": bool(ref.pinned),
+            "lora_path": ref.lora_path,
+            "refcount": counters[ref.lora_id].value() if ref.lora_id in counters else None,
+        }
+        for name, ref in names.items()
+    ]
+    draining = [
+        {"lora_id": lora_id, "refcount": counter.value()}
+        for lora_id, counter in counters.items()
+        if lora_id not in registered_ids
+    ]
+    return {"adapters": adapters, "draining": draining}
+
+
+def status_payload(tokenizer_manager: Any) -> dict[str, Any]:
+    return {
+        "pid": os.getpid(),
+        "incarnation": INCARNATION,
+        "started_at": STARTED_AT,
+        "patches": [record.target for record in applied_patches()],
+        **lora_registry_snapshot(tokenizer_manager),
+    }
+
+
+def apply(role: str) -> None:
+    if role != "server":
+        return
+    from sglang.srt.entrypoints import http_server
+
+    if any(getattr(route, "path", None) == STATUS_PATH for route in http_server.app.routes):
+        return
+
+    async def versioned_lora_status() -> dict[str, Any]:
+        return status_payload(http_server.get_global_state().tokenizer_manager)
+
+    http_server.app.add_api_route(STATUS_PATH, versioned_lora_status, methods=["GET"])
