@@ -91,7 +91,7 @@ def start_engines(configs: list[EngineConfig]) -> list[EngineProcess]:
     def start(engine: EngineProcess) -> None:
         try:
             engine.start()
-        except BaseException as exc:  # noqa: BLE001 - re-raised below, after both tried
+        except BaseException as exc:
             errors.append(exc)
 
     threads = [threading.Thread(target=start, args=(engine,)) for engine in engines]

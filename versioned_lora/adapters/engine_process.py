@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -19,6 +20,7 @@ from typing import Any
 import attrs
 import httpx
 
+from versioned_lora.sglang_patches.introspection import STATUS_PATH
 from versioned_lora.sglang_patches.mechanism import PATCHES_ENV
 
 # RFC "first supported configuration": two pinned managed adapters plus one free slot; radix cache
@@ -31,10 +33,13 @@ MANAGED_LORA_ARGS: tuple[str, ...] = (
     "--disable-cuda-graph",
 )
 
-# CPU-only host (DESIGN.md §5): the torch-native LoRA and attention backends, token ids in and out
-# (no tokenizer in the fixture), and a bounded KV pool (otherwise the scheduler reserves ~70% of RAM).
+# CPU-only host (DESIGN.md §5): the torch-native LoRA and attention backends, a bounded KV pool
+# (otherwise the scheduler reserves ~70% of RAM), and --sleep-on-idle: without it an idle scheduler
+# busy-polls its sockets (Scheduler.on_idle in a tight loop) and holds a whole core, which on a
+# 2-core host halves the speed of the other engine.
 CPU_ARGS: tuple[str, ...] = (
     "--device", "cpu",
+    "--sleep-on-idle",
     "--lora-backend", "torch_native",
     "--attention-backend", "torch_native",
     "--max-total-tokens", "8192",
@@ -95,6 +100,8 @@ class EngineProcess:
     def start(self, timeout_s: float = 300.0) -> None:
         if self._proc is not None and self._proc.poll() is None:
             raise RuntimeError(f"engine on port {self.config.port} is already running (pid {self._proc.pid})")
+        if not _port_free(self.config.host, self.config.port):
+            raise EngineStartError(f"port {self.config.port} is already in use; is an old engine still running?")
         env = {**os.environ, **self.config.env, PATCHES_ENV: ",".join(self.config.patches)}
         env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = self.config.log_path or Path(f"/tmp/versioned_lora_engine_{self.config.port}.log")
@@ -120,7 +127,7 @@ class EngineProcess:
                         f"log {log_path}:\n{_tail(log_path)}"
                     )
                 try:
-                    if client.get(f"{self.url}/health").status_code == 200:
+                    if self._answers_as_ours(client):
                         return
                 except httpx.HTTPError:
                     pass
@@ -129,6 +136,16 @@ class EngineProcess:
         raise EngineStartError(
             f"engine on port {self.config.port} not healthy after {timeout_s:.0f}s; log {log_path}:\n{_tail(log_path)}"
         )
+
+    def _answers_as_ours(self, client: httpx.Client) -> bool:
+        """Healthy, and (where the status endpoint exists) served by the process we started, not by
+        a stale server still holding the port."""
+        if client.get(f"{self.url}/health").status_code != 200:
+            return False
+        if "introspection" not in self.config.patches:
+            return True
+        assert self._proc is not None
+        return bool(client.get(f"{self.url}{STATUS_PATH}").json()["pid"] == self._proc.pid)
 
     def process_ids(self) -> list[int]:
         """The server pid and every descendant (scheduler, detokenizer)."""
@@ -188,6 +205,15 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         os.killpg(pgid, sig)
     except (ProcessLookupError, PermissionError):
         pass
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as probe:
+        try:
+            probe.bind((host, port))
+        except OSError:
+            return False
+    return True
 
 
 def _tail(path: Path, lines: int = 40) -> str:

@@ -33,6 +33,7 @@ class PatchRecord:
     patch_set: str
     target: str  # "module:attribute", the thing replaced
     why: str
+    original: Any = attrs.field(eq=False, repr=False)
 
 
 _applied: dict[str, PatchRecord] = {}
@@ -62,16 +63,11 @@ def replace_attribute(patch_set: str, owner: Any, name: str, new: Any, why: str)
         target = f"{owner.__name__}:{name}"
     else:
         target = f"{owner.__module__}:{owner.__qualname__}.{name}"
-    original = getattr(owner, name)
     if target in _applied:
-        return getattr(original, "__versioned_lora_original__", original)
-    if callable(new) and not isinstance(new, type):
-        try:
-            new.__versioned_lora_original__ = original
-        except AttributeError:  # builtins / bound methods cannot carry attributes
-            pass
+        return _applied[target].original
+    original = getattr(owner, name)
     setattr(owner, name, new)
-    _applied[target] = PatchRecord(patch_set=patch_set, target=target, why=why)
+    _applied[target] = PatchRecord(patch_set=patch_set, target=target, why=why, original=original)
     return original
 
 

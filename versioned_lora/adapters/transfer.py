@@ -1,0 +1,592 @@
+"""Bucketed transfer of a snapshot's tensors over torch.distributed (gloo on CPU, nccl on GPU).
+
+The publisher (rank 0) and each engine (rank 1) share a private two-rank group, so one engine's death or
+stall cannot block another's transfer. Tensors travel in manifest (name) order, packed into flat uint8
+buckets of at most `max_bucket_bytes`; each bucket is one `broadcast`. Both sides derive every size from
+the same `BucketPlan`, so nothing but payload crosses the group.
+
+The receiving half (`start_receive_bucket`, `receive_bucket`, `split_bucket`) runs inside SGLang's
+scheduler and needs nothing beyond torch and this package's pure-Python manifest module.
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import socket
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
+
+import attrs
+
+from versioned_lora.adapters.manifest import (
+    DTYPE_ITEMSIZE,
+    Manifest,
+    canonical_json_bytes,
+    dtype_name,
+    torch_dtype,
+)
+
+if TYPE_CHECKING:
+    import torch
+    import torch.distributed as dist
+
+PLAN_FORMAT = "versioned-lora/bucket-plan/v1"
+# Every tensor starts at a multiple of this, so the receiver can `view` its slice as any dtype (torch
+# requires the byte offset to be a multiple of the itemsize) and GPU copies stay aligned.
+ALIGNMENT = 16
+DEFAULT_GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+class TransferError(Exception):
+    """Base of every transfer error."""
+
+
+class OversizedBucket(TransferError):
+    """A single tensor larger than `max_bucket_bytes`: it cannot go in any bucket."""
+
+
+class MalformedPlan(TransferError):
+    """A plan (JSON or value) that breaks the format; the message says which rule."""
+
+
+class PlanMismatch(TransferError):
+    """Tensors, manifest or snapshot that the plan does not describe."""
+
+
+class BucketTransferFailed(TransferError):
+    """A broadcast that failed or missed its deadline; the group must be destroyed and recreated."""
+
+
+def _int_tuple(value: Iterable[int]) -> tuple[int, ...]:
+    return tuple(value)
+
+
+def _slot_tuple(value: Iterable[BucketSlot]) -> tuple[BucketSlot, ...]:
+    return tuple(value)
+
+
+def _bucket_tuple(value: Iterable[Bucket]) -> tuple[Bucket, ...]:
+    return tuple(value)
+
+
+@attrs.frozen
+class BucketSlot:
+    name: str
+    offset: int
+    nbytes: int
+    dtype: str
+    shape: tuple[int, ...] = attrs.field(converter=_int_tuple)
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.nbytes
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "offset": self.offset, "nbytes": self.nbytes, "dtype": self.dtype,
+                "shape": list(self.shape)}  # fmt: skip
+
+
+@attrs.frozen
+class Bucket:
+    index: int
+    slots: tuple[BucketSlot, ...] = attrs.field(converter=_slot_tuple)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes on the wire: up to the end of the last tensor (alignment padding included)."""
+        return self.slots[-1].end if self.slots else 0
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(s.name for s in self.slots)
+
+
+def _align(offset: int, alignment: int) -> int:
+    return -(-offset // alignment) * alignment
+
+
+@attrs.frozen
+class BucketPlan:
+    manifest_digest: str
+    max_bucket_bytes: int
+    alignment: int
+    buckets: tuple[Bucket, ...] = attrs.field(converter=_bucket_tuple)
+
+    def __attrs_post_init__(self) -> None:
+        _check_plan(self)
+
+    @classmethod
+    def build(cls, manifest: Manifest, max_bucket_bytes: int, alignment: int = ALIGNMENT) -> BucketPlan:
+        """Greedy packing in manifest order: a tensor joins the current bucket if it still fits, else opens one."""
+        if max_bucket_bytes <= 0 or alignment <= 0:
+            raise MalformedPlan(f"max_bucket_bytes ({max_bucket_bytes}) and alignment ({alignment}) must be > 0")
+        buckets: list[list[BucketSlot]] = []
+        current: list[BucketSlot] = []
+        end = 0
+        for entry in manifest.tensors:
+            if entry.nbytes > max_bucket_bytes:
+                raise OversizedBucket(
+                    f"tensor {entry.name!r} has {entry.nbytes} bytes, more than max_bucket_bytes={max_bucket_bytes}"
+                )
+            offset = _align(end, alignment)
+            if current and offset + entry.nbytes > max_bucket_bytes:
+                buckets.append(current)
+                current, offset = [], 0
+            current.append(BucketSlot(entry.name, offset, entry.nbytes, entry.dtype, entry.shape))
+            end = offset + entry.nbytes
+        if current:
+            buckets.append(current)
+        return cls(
+            manifest_digest=manifest.digest,
+            max_bucket_bytes=max_bucket_bytes,
+            alignment=alignment,
+            buckets=[Bucket(i, slots) for i, slots in enumerate(buckets)],
+        )
+
+    @property
+    def total_bytes(self) -> int:
+        """Bytes broadcast for the whole plan (payload plus alignment padding)."""
+        return sum(b.nbytes for b in self.buckets)
+
+    @property
+    def payload_bytes(self) -> int:
+        return sum(s.nbytes for b in self.buckets for s in b.slots)
+
+    def slots(self) -> tuple[BucketSlot, ...]:
+        return tuple(s for b in self.buckets for s in b.slots)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "format": PLAN_FORMAT,
+            "manifest_digest": self.manifest_digest,
+            "max_bucket_bytes": self.max_bucket_bytes,
+            "alignment": self.alignment,
+            "buckets": [[s.to_dict() for s in b.slots] for b in self.buckets],
+        }
+
+    def to_json(self) -> str:
+        return canonical_json_bytes(self.to_dict()).decode("utf-8")
+
+    def digest(self) -> str:
+        return hashlib.sha256(canonical_json_bytes(self.to_dict())).hexdigest()
+
+    @classmethod
+    def from_json(cls, data: str | bytes) -> BucketPlan:
+        try:
+            raw = json.loads(data)
+            if not isinstance(raw, dict) or raw.get("format") != PLAN_FORMAT:
+                raise MalformedPlan(f"not a {PLAN_FORMAT} object")
+            if set(raw) != {"format", "manifest_digest", "max_bucket_bytes", "alignment", "buckets"}:
+                raise MalformedPlan(f"unexpected plan fields {sorted(raw)}")
+            buckets = []
+            for i, slots in enumerate(raw["buckets"]):
+                if not isinstance(slots, list) or not all(isinstance(s, dict) for s in slots):
+                    raise MalformedPlan(f"bucket {i} must be a list of slot objects")
+                buckets.append(Bucket(i, [BucketSlot(**s) for s in slots]))
+            return cls(
+                manifest_digest=raw["manifest_digest"],
+                max_bucket_bytes=raw["max_bucket_bytes"],
+                alignment=raw["alignment"],
+                buckets=buckets,
+            )
+        except MalformedPlan:
+            raise
+        except (TypeError, ValueError, KeyError) as exc:
+            raise MalformedPlan(f"malformed bucket plan: {exc}") from exc
+
+    def check_describes(self, manifest: Manifest) -> None:
+        """Raise PlanMismatch unless this plan carries exactly the manifest's tensors, in its order."""
+        if self.manifest_digest != manifest.digest:
+            raise PlanMismatch(f"plan is for manifest {self.manifest_digest[:12]}, not {manifest.digest[:12]}")
+        planned = [(s.name, s.nbytes, s.dtype, s.shape) for s in self.slots()]
+        listed = [(t.name, t.nbytes, t.dtype, t.shape) for t in manifest.tensors]
+        if planned != listed:
+            raise PlanMismatch("plan slots differ from the manifest's tensors")
+
+
+def _check_plan(plan: BucketPlan) -> None:
+    def is_int(v: object) -> bool:
+        return isinstance(v, int) and not isinstance(v, bool)
+
+    if not isinstance(plan.manifest_digest, str) or len(plan.manifest_digest) != 64:
+        raise MalformedPlan(f"manifest_digest must be a sha256 hex string, got {plan.manifest_digest!r}")
+    if not is_int(plan.max_bucket_bytes) or plan.max_bucket_bytes <= 0:
+        raise MalformedPlan(f"max_bucket_bytes must be a positive integer, got {plan.max_bucket_bytes!r}")
+    if not is_int(plan.alignment) or plan.alignment <= 0:
+        raise MalformedPlan(f"alignment must be a positive integer, got {plan.alignment!r}")
+    previous_name: str | None = None
+    for i, bucket in enumerate(plan.buckets):
+        if bucket.index != i or not bucket.slots:
+            raise MalformedPlan(f"bucket {i}: wrong index {bucket.index} or no tensors")
+        end = 0
+        for slot in bucket.slots:
+            where = f"bucket {i}, tensor {slot.name!r}"
+            if not isinstance(slot.name, str) or (previous_name is not None and slot.name <= previous_name):
+                raise MalformedPlan(f"{where}: names must be strings in strictly increasing order")
+            previous_name = slot.name
+            if slot.dtype not in DTYPE_ITEMSIZE or not all(is_int(d) and d >= 0 for d in slot.shape):
+                raise MalformedPlan(f"{where}: unknown dtype {slot.dtype!r} or bad shape {list(slot.shape)}")
+            expected = DTYPE_ITEMSIZE[slot.dtype]
+            for d in slot.shape:
+                expected *= d
+            if not is_int(slot.nbytes) or slot.nbytes != expected:
+                raise MalformedPlan(f"{where}: nbytes {slot.nbytes!r} != {expected} from dtype and shape")
+            if not is_int(slot.offset) or slot.offset < end or slot.offset % plan.alignment:
+                raise MalformedPlan(f"{where}: offset {slot.offset!r} overlaps or is not aligned")
+            end = slot.end
+        if end > plan.max_bucket_bytes:
+            raise MalformedPlan(f"bucket {i} has {end} bytes, over max_bucket_bytes={plan.max_bucket_bytes}")
+
+
+# ---- packing and splitting -----------------------------------------------------------------------------------
+
+
+def pack_bucket(
+    tensors: Mapping[str, torch.Tensor], plan: BucketPlan, index: int, device: str | torch.device = "cpu",
+    *, check: bool = True,
+) -> torch.Tensor:  # fmt: skip
+    """Bucket `index` as one flat uint8 tensor on `device` (padding zeroed, so identical input gives identical
+    bytes). With `check`, each tensor's dtype and shape must match the plan; its byte count always must."""
+    import torch
+
+    check_bucket_tensors(tensors, plan, index, check_dtype_and_shape=check)
+    bucket = plan.buckets[index]
+    flat = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
+    for slot in bucket.slots:
+        raw = tensors[slot.name].detach().contiguous().reshape(-1).view(torch.uint8)
+        flat[slot.offset : slot.end].copy_(raw)
+    return flat
+
+
+def check_bucket_tensors(
+    tensors: Mapping[str, torch.Tensor], plan: BucketPlan, index: int, *, check_dtype_and_shape: bool = True
+) -> None:
+    """Raise PlanMismatch if a tensor of bucket `index` is missing or does not fit its slot."""
+    for slot in plan.buckets[index].slots:
+        if slot.name not in tensors:
+            raise PlanMismatch(f"tensor {slot.name!r} of bucket {index} is missing")
+        tensor = tensors[slot.name]
+        actual = (dtype_name(tensor.dtype), tuple(tensor.shape))
+        if check_dtype_and_shape and actual != (slot.dtype, slot.shape):
+            raise PlanMismatch(
+                f"tensor {slot.name!r} is {actual[0]}{list(actual[1])}, plan says {slot.dtype}{list(slot.shape)}"
+            )
+        nbytes = tensor.numel() * tensor.element_size()
+        if nbytes != slot.nbytes:
+            raise PlanMismatch(f"tensor {slot.name!r} has {nbytes} bytes, plan says {slot.nbytes}")
+
+
+def pack_all(
+    tensors: Mapping[str, torch.Tensor], plan: BucketPlan, device: str | torch.device = "cpu"
+) -> list[torch.Tensor]:
+    return [pack_bucket(tensors, plan, i, device) for i in range(len(plan.buckets))]
+
+
+def allocate_buckets(plan: BucketPlan, device: str | torch.device = "cpu") -> list[torch.Tensor]:
+    """Empty receive buffers for every bucket (the raw baseline's receiver side)."""
+    import torch
+
+    return [torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in plan.buckets]
+
+
+def split_bucket(flat: torch.Tensor, plan: BucketPlan, index: int) -> dict[str, torch.Tensor]:
+    """The tensors of bucket `index`, each a clone (the stash owns its memory; the flat buffer can be freed)."""
+    out: dict[str, torch.Tensor] = {}
+    for slot in plan.buckets[index].slots:
+        view = flat[slot.offset : slot.end].view(torch_dtype(slot.dtype)).reshape(slot.shape)
+        out[slot.name] = view.clone()
+    return out
+
+
+# ---- the collective -------------------------------------------------------------------------------------------
+
+
+def _wait(work: Any, timeout: datetime.timedelta | None, what: str) -> None:
+    try:
+        if timeout is None:
+            work.wait()
+        else:
+            work.wait(timeout=timeout)
+    except RuntimeError as exc:  # gloo/nccl report timeouts and closed peers as RuntimeError
+        raise BucketTransferFailed(f"{what}: {exc}") from exc
+
+
+def _sync_device(tensor: torch.Tensor) -> None:
+    # NCCL's wait() only orders the current stream; callers of send/receive expect the bytes to be there.
+    if tensor.is_cuda:
+        import torch
+
+        torch.cuda.current_stream(tensor.device).synchronize()
+
+
+def send_bucket(
+    group: dist.ProcessGroup, flat: torch.Tensor, src_rank: int = 0, timeout: datetime.timedelta | None = None
+) -> None:
+    """Broadcast one packed bucket from `src_rank`; returns once it completed (or raises BucketTransferFailed).
+
+    A timed-out broadcast stays pending inside the backend: the group is unusable afterwards.
+    """
+    import torch.distributed as dist
+
+    if flat.numel() == 0:
+        return  # both sides know the size from the plan; a 0-byte collective is skipped on both
+    try:
+        work = dist.broadcast(flat, src=src_rank, group=group, async_op=True)
+    except RuntimeError as exc:
+        raise BucketTransferFailed(f"send: {exc}") from exc
+    _wait(work, timeout, "send")
+    _sync_device(flat)
+
+
+@attrs.define
+class PendingBucket:
+    """A posted receive. `done()` polls without blocking, so a scheduler can keep decoding while it waits;
+    `result()` waits (up to a deadline) and splits the bucket into owned tensors."""
+
+    plan: BucketPlan
+    index: int
+    flat: torch.Tensor
+    work: Any  # torch.distributed Work, or None for a 0-byte bucket
+
+    def done(self) -> bool:
+        # Also true once the backend's own timeout fired; result() then raises.
+        return self.work is None or bool(self.work.is_completed())
+
+    def result(self, timeout: datetime.timedelta | None = None) -> dict[str, torch.Tensor]:
+        if self.work is not None:
+            _wait(self.work, timeout, f"receive bucket {self.index}")
+            _sync_device(self.flat)
+        return split_bucket(self.flat, self.plan, self.index)
+
+
+def start_receive_bucket(
+    group: dist.ProcessGroup, plan: BucketPlan, index: int, device: str | torch.device = "cpu", src_rank: int = 0
+) -> PendingBucket:
+    import torch
+    import torch.distributed as dist
+
+    flat = torch.empty(plan.buckets[index].nbytes, dtype=torch.uint8, device=device)
+    if flat.numel() == 0:
+        return PendingBucket(plan, index, flat, None)
+    try:
+        work = dist.broadcast(flat, src=src_rank, group=group, async_op=True)
+    except RuntimeError as exc:
+        raise BucketTransferFailed(f"receive bucket {index}: {exc}") from exc
+    return PendingBucket(plan, index, flat, work)
+
+
+def receive_bucket(
+    group: dist.ProcessGroup,
+    plan: BucketPlan,
+    index: int,
+    device: str | torch.device = "cpu",
+    src_rank: int = 0,
+    timeout: datetime.timedelta | None = None,
+) -> dict[str, torch.Tensor]:
+    """Receive bucket `index` and return its tensors (owned clones, dtype and shape from the plan)."""
+    return start_receive_bucket(group, plan, index, device, src_rank).result(timeout)
+
+
+class _HasTensors(Protocol):
+    @property
+    def tensors(self) -> Mapping[str, torch.Tensor]: ...
+
+    @property
+    def digest(self) -> str: ...
+
+
+@attrs.frozen
+class SendReport:
+    """Per group (by position in `groups`): how many buckets completed on the sender, and the error that
+    stopped it. A completed send is not proof of receipt (gloo completes a send once its bytes are in the
+    socket buffer): the engine's own reply for bucket i is what confirms it was stashed."""
+
+    buckets_total: int
+    buckets_done: tuple[int, ...]
+    failures: Mapping[int, BaseException]
+
+    @property
+    def ok(self) -> bool:
+        return not self.failures
+
+    def raise_for_failures(self) -> None:
+        if self.failures:
+            detail = "; ".join(f"group {g}: {exc}" for g, exc in sorted(self.failures.items()))
+            raise BucketTransferFailed(f"transfer failed for {len(self.failures)} group(s): {detail}")
+
+
+def send_all(
+    groups: Sequence[dist.ProcessGroup],
+    snapshot: _HasTensors | Mapping[str, torch.Tensor],
+    plan: BucketPlan,
+    on_bucket_done: Callable[[int], None] | None = None,
+    *,
+    device: str | torch.device = "cpu",
+    src_rank: int = 0,
+    timeout: datetime.timedelta | None = None,
+) -> SendReport:
+    """Send every bucket to every group, bucket i everywhere before bucket i+1.
+
+    The broadcasts of one bucket to all groups run concurrently, and bucket i+1 is packed while bucket i is
+    on the wire. A group that fails is dropped and the others continue (its engine's attempt is then
+    cleaned up by the protocol). `on_bucket_done(i)` runs after the sends of bucket i completed on every live
+    group and before bucket i+1 is sent: tests use it to hold the sender mid-transfer. (A completed send means
+    the bytes left this process; see SendReport.)
+    """
+    import torch.distributed as dist
+
+    if isinstance(snapshot, Mapping):
+        tensors = snapshot
+    else:
+        if snapshot.digest != plan.manifest_digest:
+            raise PlanMismatch(f"plan is for {plan.manifest_digest[:12]}, snapshot is {snapshot.digest[:12]}")
+        tensors = snapshot.tensors
+    # Check every tensor before the first byte leaves, so a bad input never strands a receiver mid-attempt.
+    for i in range(len(plan.buckets)):
+        check_bucket_tensors(tensors, plan, i)
+    failures: dict[int, BaseException] = {}
+    done = [0] * len(groups)
+    count = len(plan.buckets)
+    next_flat = pack_bucket(tensors, plan, 0, device) if count else None
+    for i in range(count):
+        flat, next_flat = next_flat, None
+        if flat is None:  # unreachable: bucket i was packed in the previous round
+            raise TransferError(f"bucket {i} was not packed")
+        works: list[tuple[int, Any]] = []
+        for g, group in enumerate(groups):
+            if g in failures or flat.numel() == 0:
+                continue
+            try:
+                works.append((g, dist.broadcast(flat, src=src_rank, group=group, async_op=True)))
+            except RuntimeError as exc:
+                failures[g] = BucketTransferFailed(f"bucket {i}: {exc}")
+        # Pack the next bucket while this one is on the wire.
+        next_flat = pack_bucket(tensors, plan, i + 1, device) if i + 1 < count else None
+        for g, work in works:
+            try:
+                _wait(work, timeout, f"bucket {i}")
+            except BucketTransferFailed as exc:
+                failures[g] = exc
+        _sync_device(flat)
+        for g in range(len(groups)):
+            if g not in failures:
+                done[g] = i + 1
+        if len(failures) == len(groups):
+            break
+        if on_bucket_done is not None:
+            on_bucket_done(i)
+    return SendReport(buckets_total=count, buckets_done=tuple(done), failures=failures)
+
+
+def raw_broadcast(group: dist.ProcessGroup, flat_tensors: Sequence[torch.Tensor], src_rank: int = 0) -> None:
+    """Benchmark baseline: plain broadcasts of pre-packed (or pre-allocated) buckets, nothing else. Both the
+    sender (`pack_all`) and the receiver (`allocate_buckets`) call it with the same plan."""
+    import torch.distributed as dist
+
+    for flat in flat_tensors:
+        if flat.numel():
+            dist.broadcast(flat, src=src_rank, group=group)
+    if flat_tensors:
+        _sync_device(flat_tensors[-1])
+
+
+# ---- groups ---------------------------------------------------------------------------------------------------
+
+
+def transfer_backend(device: str | torch.device) -> str:
+    import torch
+
+    return "nccl" if torch.device(device).type == "cuda" else "gloo"
+
+
+def tcp_init_method(host: str, port: int) -> str:
+    # Same spelling as SGLang's NetworkAddress.to_tcp (IPv6 literals in brackets).
+    return f"tcp://[{host}]:{port}" if ":" in host else f"tcp://{host}:{port}"
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A currently free TCP port for a group's rendezvous (rank 0 listens on it)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        port: int = probe.getsockname()[1]
+        return port
+
+
+def _custom_process_group_factory() -> Callable[..., Any]:
+    """SGLang's `init_custom_process_group` when SGLang is installed (the engine side always uses it, via
+    `/init_weights_update_group` or the managed-LoRA handler); otherwise the same steps inline, for
+    publisher hosts and GPU benchmark machines that have torch but no SGLang."""
+    try:
+        from sglang.srt.utils.common import init_custom_process_group
+    except ImportError:
+        return _init_custom_process_group_without_sglang
+    return init_custom_process_group  # type: ignore[no-any-return]
+
+
+def _init_custom_process_group_without_sglang(
+    *,
+    backend: str,
+    init_method: str,
+    world_size: int,
+    rank: int,
+    group_name: str,
+    timeout: datetime.timedelta,
+) -> Any:
+    """The steps of sglang.srt.utils.common.init_custom_process_group (0.5.23): a group outside the default
+    world, rendezvous over `init_method`, keys under a `group_name` prefix, ranks mapped 1:1."""
+    from torch.distributed.distributed_c10d import (  # type: ignore[attr-defined]
+        Backend,
+        PrefixStore,
+        _new_process_group_helper,
+        _world,
+        rendezvous,
+    )
+
+    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+    store.set_timeout(timeout)
+    options: dict[str, Any] = {"group_name": group_name, "backend_options": None, "timeout": timeout}
+    prefixed = PrefixStore(group_name, store)
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), prefixed, **options)
+    _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
+    return pg
+
+
+def init_transfer_group(
+    *,
+    master_address: str,
+    master_port: int,
+    rank: int,
+    group_name: str,
+    device: str | torch.device = "cpu",
+    world_size: int = 2,
+    timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT,
+    backend: str | None = None,
+) -> dist.ProcessGroup:
+    """Join the two-rank group of one engine: rank 0 the publisher, rank 1 the engine.
+
+    Blocks until every rank joined (rank 0 hosts the TCP store on `master_port`), so the publisher must
+    issue the engine's join request concurrently (another thread or task). `group_name` must be unique
+    among live groups in each process (torch refuses a duplicate): use one per engine incarnation.
+    `timeout` bounds every later collective on the group: a bucket that has not arrived by then fails and
+    leaves the group unusable.
+    """
+    init = _custom_process_group_factory()
+    group: dist.ProcessGroup = init(
+        backend=backend or transfer_backend(device),
+        init_method=tcp_init_method(master_address, master_port),
+        world_size=world_size,
+        rank=rank,
+        group_name=group_name,
+        timeout=timeout,
+    )
+    return group
+
+
+def destroy_transfer_group(group: dist.ProcessGroup) -> None:
+    """Tear a group down; also how a receiver abandons a pending receive (gloo releases it at once)."""
+    import torch.distributed as dist
+
+    dist.destroy_process_group(group)
