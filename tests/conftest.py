@@ -14,11 +14,19 @@ from pathlib import Path
 
 import attrs
 import pytest
+from engine_helpers import TEST_TOKEN
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess
 from versioned_lora.fixtures import Fixtures, build_fixtures
+from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 
 ALLOWLIST_PATH = Path(__file__).with_name("skip_allowlist.txt")
+
+# --abort-on-priority-when-disabled: SGLang's scheduler then answers a request that carries a
+# `priority` with a real 503 from inside the request path (Scheduler._add_request_to_queue via
+# _make_abort_req), after the tokenizer manager acquired the LoRA reference. The refcount tests use
+# it as an on-demand 5xx; requests without a priority are unaffected.
+TEST_ENGINE_ARGS = ("--abort-on-priority-when-disabled",)
 
 
 def _load_allowlist() -> dict[str, str]:
@@ -110,7 +118,13 @@ def start_engines(configs: list[EngineConfig]) -> list[EngineProcess]:
 def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePair]:
     log_dir = Path(os.environ.get("VERSIONED_LORA_ENGINE_LOGS", tmp_path_factory.mktemp("engine-logs")))
     configs = [
-        EngineConfig(model_dir=fixtures.model_dir, port=_free_port_block(), log_path=log_dir / f"E{i}.log")
+        EngineConfig(
+            model_dir=fixtures.model_dir,
+            port=_free_port_block(),
+            log_path=log_dir / f"E{i}.log",
+            extra_args=TEST_ENGINE_ARGS,
+            env={TOKEN_ENV: TEST_TOKEN},
+        )
         for i in range(2)
     ]
     e0, e1 = start_engines(configs)

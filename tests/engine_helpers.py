@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +17,13 @@ T = TypeVar("T")
 
 # 20 prompt tokens; fixture vocab is 512.
 PROMPT = list(range(10, 30))
+
+# The shared secret the test engines require on managed endpoints.
+TEST_TOKEN = "test-secret-7f3a"
+
+
+def client_for(engine: Any, token: str | None = TEST_TOKEN) -> SGLangClient:
+    return SGLangClient(engine.url, token=token)
 
 
 def fresh_name(label: str) -> str:
@@ -58,3 +66,45 @@ def run(coro: Awaitable[T]) -> T:
 
 def lora_ids(status: dict[str, Any]) -> dict[str, str]:
     return {a["name"]: a["lora_id"] for a in status["adapters"]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Staged:
+    name: str
+    attempt_token: str
+    digest: str
+    incarnation: int
+    manifest_json: str
+    source_path: str
+
+    def begin_body(self) -> dict[str, Any]:
+        return {"lora_name": self.name, "attempt_token": self.attempt_token, "incarnation": self.incarnation,
+                "digest": self.digest, "manifest": self.manifest_json, "source_path": self.source_path}
+
+    def end_body(self) -> dict[str, Any]:
+        return {"lora_name": self.name, "attempt_token": self.attempt_token, "incarnation": self.incarnation,
+                "probe_input_ids": PROMPT}
+
+
+async def publish_from_disk(client: SGLangClient, adapter_dir: Path, label: str = "v") -> Staged:
+    """Begin + end of a managed version staged from a PEFT directory; returns its identity."""
+    from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
+    from versioned_lora.spec.identities import VersionKey, lora_name
+
+    snapshot = snapshot_from_adapter_dir(adapter_dir)
+    version = VersionKey(1, fresh_name(label))
+    staged = Staged(
+        name=lora_name(version, snapshot.digest),
+        attempt_token=f"attempt-{uuid.uuid4().hex[:8]}",
+        digest=snapshot.digest,
+        incarnation=(await client.status())["incarnation"],
+        manifest_json=snapshot.manifest.to_json(),
+        source_path=str(adapter_dir),
+    )
+    await client.managed("begin", **staged.begin_body())
+    await client.managed("end", **staged.end_body())
+    return staged
+
+
+async def managed_view(client: SGLangClient, name: str) -> dict[str, Any] | None:
+    return next((a for a in (await client.status())["managed"] if a["name"] == name), None)

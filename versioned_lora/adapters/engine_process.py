@@ -45,7 +45,7 @@ CPU_ARGS: tuple[str, ...] = (
     "--max-total-tokens", "8192",
 )
 
-DEFAULT_PATCHES: tuple[str, ...] = ("cpu", "introspection")
+DEFAULT_PATCHES: tuple[str, ...] = ("cpu", "introspection", "managed")
 
 
 class EngineStartError(RuntimeError):

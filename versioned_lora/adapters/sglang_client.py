@@ -38,9 +38,10 @@ class Generation:
 
 
 class SGLangClient:
-    def __init__(self, base_url: str, timeout_s: float = 120.0) -> None:
+    def __init__(self, base_url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.base_url = base_url
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s)
+        headers = {"x-versioned-lora-token": token} if token else None
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers)
 
     async def aclose(self) -> None:
         await self._http.aclose()
@@ -70,6 +71,7 @@ class SGLangClient:
         rid: str | None = None,
         timeout_s: float | None = None,
         extra_sampling: dict[str, Any] | None = None,
+        extra_fields: dict[str, Any] | None = None,
     ) -> Generation:
         payload: dict[str, Any] = {
             "input_ids": list(input_ids),
@@ -85,6 +87,7 @@ class SGLangClient:
             payload["lora_path"] = lora_path
         if rid is not None:
             payload["rid"] = rid
+        payload.update(extra_fields or {})
         response = await self._post("/generate", payload, timeout_s)
         if response.status_code != 200:
             raise EngineHTTPError(response.status_code, response.text)
@@ -111,6 +114,18 @@ class SGLangClient:
         if response.status_code != 200:
             raise EngineHTTPError(response.status_code, response.text)
 
+    # ---- managed endpoints (versioned_lora.sglang_patches.managed.endpoints)
+    async def managed(self, operation: str, timeout_s: float | None = None, **body: Any) -> dict[str, Any]:
+        """POST /versioned_lora/<operation>. Returns the envelope (incarnation, result, adapter) or
+        raises ManagedRefusal; a lost reply raises UnknownOutcome."""
+        response = await self._post(f"/versioned_lora/{operation}", body, timeout_s)
+        payload: dict[str, Any] = response.json()
+        if response.status_code != 200:
+            error = payload.get("error", {})
+            raise ManagedRefusal(response.status_code, error.get("reason", "?"), error.get("message", ""),
+                                 error.get("row"))
+        return payload
+
     async def status(self) -> dict[str, Any]:
         try:
             response = await self._http.get("/versioned_lora/status")
@@ -121,6 +136,16 @@ class SGLangClient:
     async def adapter(self, name: str) -> dict[str, Any] | None:
         """The status entry of one registered adapter, or None if the name is not registered."""
         return next((a for a in (await self.status())["adapters"] if a["name"] == name), None)
+
+
+class ManagedRefusal(Exception):
+    """A typed refusal from a managed endpoint (409 from the spec table, 400/401/413 for bad input)."""
+
+    def __init__(self, status_code: int, reason: str, message: str, row: str | None) -> None:
+        super().__init__(f"{reason} (HTTP {status_code}): {message}")
+        self.status_code = status_code
+        self.reason = reason
+        self.row = row
 
 
 def _json_or_raise(response: httpx.Response) -> dict[str, Any]:

@@ -14,6 +14,7 @@ logger = logging.getLogger(__name__)
 PATCH_SET_MODULES = {
     "cpu": "versioned_lora.sglang_patches.cpu_compat",
     "introspection": "versioned_lora.sglang_patches.introspection",
+    "managed": "versioned_lora.sglang_patches.managed",
 }
 
 

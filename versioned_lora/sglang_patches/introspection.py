@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 import time
-import uuid
+from collections.abc import Callable
 from typing import Any
 
 from versioned_lora.sglang_patches.mechanism import applied_patches
@@ -22,8 +22,12 @@ from versioned_lora.sglang_patches.mechanism import applied_patches
 STATUS_PATH = "/versioned_lora/status"
 
 # Minted once per server process start: a READY or receipt from an older incarnation is stale.
-INCARNATION = f"{uuid.uuid4().hex[:16]}"
+# Nanoseconds since the epoch at start: unique per start and larger for a later start on one host.
+INCARNATION = time.time_ns()
 STARTED_AT = time.time()
+
+# Other patch sets add sections to the status (the managed patch adds its adapters and audit).
+STATUS_EXTENSIONS: list[Callable[[Any], dict[str, Any]]] = []
 
 
 def lora_registry_snapshot(tokenizer_manager: Any) -> dict[str, Any]:
@@ -56,6 +60,7 @@ def status_payload(tokenizer_manager: Any) -> dict[str, Any]:
         "started_at": STARTED_AT,
         "patches": [record.target for record in applied_patches()],
         **lora_registry_snapshot(tokenizer_manager),
+        **{k: v for extension in STATUS_EXTENSIONS for k, v in extension(tokenizer_manager).items()},
     }
 
 

@@ -1,0 +1,175 @@
+"""Bucket plans (properties over generated manifests) and pack/split without a process group."""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from versioned_lora.adapters.manifest import DTYPE_ITEMSIZE, Manifest, TensorEntry, manifest_from_tensors
+from versioned_lora.adapters.transfer import (
+    ALIGNMENT,
+    BucketPlan,
+    MalformedPlan,
+    OversizedBucket,
+    PlanMismatch,
+    pack_all,
+    pack_bucket,
+    split_bucket,
+)
+
+CONFIG = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj"]}
+
+entries = st.dictionaries(
+    keys=st.text(alphabet="abcdefghij._0123456789", min_size=1, max_size=12),
+    values=st.tuples(
+        st.sampled_from(sorted(DTYPE_ITEMSIZE)), st.lists(st.integers(0, 40), min_size=0, max_size=3).map(tuple)
+    ),
+    max_size=25,
+)
+
+
+def manifest_of(spec: dict[str, tuple[str, tuple[int, ...]]]) -> Manifest:
+    return Manifest.create(
+        [
+            TensorEntry(name, dtype, shape, math.prod(shape) * DTYPE_ITEMSIZE[dtype], "0" * 64)
+            for name, (dtype, shape) in spec.items()
+        ],
+        CONFIG,
+    )
+
+
+@settings(max_examples=300, deadline=None)
+@given(spec=entries, max_bytes=st.integers(1, 4000))
+def test_plan_properties(spec: dict[str, tuple[str, tuple[int, ...]]], max_bytes: int) -> None:
+    manifest = manifest_of(spec)
+    largest = max((t.nbytes for t in manifest.tensors), default=0)
+    if largest > max_bytes:
+        with pytest.raises(OversizedBucket):
+            BucketPlan.build(manifest, max_bytes)
+        return
+    plan = BucketPlan.build(manifest, max_bytes)
+
+    # Every tensor in exactly one bucket, in manifest order, with its dtype/shape/size.
+    assert [(s.name, s.dtype, s.shape, s.nbytes) for s in plan.slots()] == [
+        (t.name, t.dtype, t.shape, t.nbytes) for t in manifest.tensors
+    ]
+    plan.check_describes(manifest)
+    for bucket in plan.buckets:
+        assert bucket.slots, "no empty buckets"
+        assert bucket.nbytes <= max_bytes
+        end = 0
+        for slot in bucket.slots:
+            assert slot.offset >= end and slot.offset % ALIGNMENT == 0
+            end = slot.end
+    # Greedy: a bucket was closed only because the next tensor did not fit.
+    for before, after in zip(plan.buckets, plan.buckets[1:], strict=False):
+        first = after.slots[0]
+        assert -(-before.nbytes // ALIGNMENT) * ALIGNMENT + first.nbytes > max_bytes
+    assert plan.payload_bytes == manifest.total_bytes
+    assert plan.total_bytes == sum(b.nbytes for b in plan.buckets) >= plan.payload_bytes
+
+    again = BucketPlan.from_json(plan.to_json())
+    assert again == plan and again.digest() == plan.digest() and again.to_json() == plan.to_json()
+
+
+def test_oversized_tensor_names_the_tensor() -> None:
+    manifest = manifest_of({"a": ("float32", (10,)), "big": ("float32", (100,))})
+    with pytest.raises(OversizedBucket, match="'big' has 400 bytes"):
+        BucketPlan.build(manifest, 399)
+    assert len(BucketPlan.build(manifest, 400).buckets) == 2
+
+
+def test_plan_is_tied_to_its_manifest() -> None:
+    one = manifest_of({"a": ("float32", (10,))})
+    other = manifest_of({"a": ("float32", (11,))})
+    with pytest.raises(PlanMismatch):
+        BucketPlan.build(one, 1024).check_describes(other)
+
+
+@pytest.mark.parametrize(
+    "mutate",
+    [
+        lambda raw: raw["buckets"][0][0].update(offset=3),  # misaligned
+        lambda raw: raw["buckets"][0][0].update(nbytes=1),  # inconsistent with dtype x shape
+        lambda raw: raw["buckets"].append([]),  # empty bucket
+        lambda raw: raw.update(max_bucket_bytes=8),  # bucket over the max
+        lambda raw: raw["buckets"][0].reverse(),  # names out of order
+        lambda raw: raw["buckets"][0][0].update(dtype="complex32"),
+        lambda raw: raw.pop("alignment"),
+        lambda raw: raw.update(format="v0"),
+        lambda raw: raw["buckets"][0][0].pop("shape"),
+    ],
+    ids=["misaligned", "nbytes", "empty", "over-max", "order", "dtype", "missing-field", "format", "slot-field"],
+)
+def test_malformed_plan_is_rejected(mutate) -> None:  # type: ignore[no-untyped-def]
+    plan = BucketPlan.build(manifest_of({"a": ("float32", (4,)), "b": ("int8", (3,)), "c": ("bfloat16", (2,))}), 64)
+    raw = json.loads(plan.to_json())
+    mutate(raw)
+    with pytest.raises(MalformedPlan):
+        BucketPlan.from_json(json.dumps(raw))
+
+
+def odd_tensors() -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(3)
+    wide = torch.randn(6, 10, generator=gen)
+    return {
+        "a.bf16": torch.randn(5, 3, generator=gen).to(torch.bfloat16),
+        "b.int8": torch.randint(-100, 100, (7,), generator=gen, dtype=torch.int8),
+        "c.f64": torch.randn(3, generator=gen, dtype=torch.float64),
+        "d.scalar": torch.tensor(2.5, dtype=torch.float16),
+        "e.empty": torch.empty(0, 4),
+        "f.noncontig": wide[:, ::3],
+        "g.bool": torch.tensor([True, False, True]),
+    }
+
+
+@pytest.mark.parametrize("max_bytes", [96, 130, 4096])
+def test_pack_then_split_is_bit_exact(max_bytes: int) -> None:
+    tensors = odd_tensors()
+    manifest = manifest_from_tensors(tensors, CONFIG)
+    plan = BucketPlan.build(manifest, max_bytes)
+    flats = pack_all(tensors, plan)
+    assert [f.numel() for f in flats] == [b.nbytes for b in plan.buckets]
+    received: dict[str, torch.Tensor] = {}
+    for i, flat in enumerate(flats):
+        part = split_bucket(flat, plan, i)
+        for tensor in part.values():
+            # Clones: the stash must not pin (or alias) the flat receive buffer.
+            assert tensor.untyped_storage().data_ptr() != flat.untyped_storage().data_ptr()
+        received.update(part)
+    for name, tensor in tensors.items():
+        assert received[name].dtype == tensor.dtype and received[name].shape == tensor.shape
+        assert torch.equal(received[name], tensor), name
+    # Same input, same bytes (padding is zeroed).
+    assert all(torch.equal(a, b) for a, b in zip(flats, pack_all(tensors, plan), strict=True))
+
+
+def test_pack_rejects_tensors_the_plan_does_not_describe() -> None:
+    tensors = odd_tensors()
+    plan = BucketPlan.build(manifest_from_tensors(tensors, CONFIG), 4096)
+    with pytest.raises(PlanMismatch, match="missing"):
+        pack_bucket({k: v for k, v in tensors.items() if k != "a.bf16"}, plan, 0)
+    with pytest.raises(PlanMismatch, match="plan says"):
+        pack_bucket({**tensors, "a.bf16": tensors["a.bf16"].to(torch.float16)}, plan, 0)
+    with pytest.raises(PlanMismatch, match="plan says"):
+        pack_bucket({**tensors, "a.bf16": tensors["a.bf16"].reshape(3, 5)}, plan, 0)
+    # Fault injection for engine tests: the raw bytes of a same-sized tensor can be forced through.
+    pack_bucket({**tensors, "a.bf16": tensors["a.bf16"].to(torch.float16)}, plan, 0, check=False)
+
+
+def test_receiver_half_imports_only_torch() -> None:
+    code = (
+        "import sys\n"
+        "import versioned_lora.adapters.transfer\n"
+        "heavy = [m for m in ('sglang', 'peft', 'transformers', 'safetensors', 'ray') if m in sys.modules]\n"
+        "print(heavy)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    assert out.stdout.strip() == "[]"

@@ -1,0 +1,322 @@
+"""Managed adapters inside real SGLang engines: protection, native refcount, idempotent reclaim.
+
+RFC §7.1 rows "SGLang native request refcount", "Session refs = 0 but backend refs > 0",
+"capacity / repeated reclaim / late unload receipt" (engine side) and "exact version missing,
+bypass management, compatibility". Every managed version here is staged from a PEFT directory
+(begin/end, no buckets) and reclaimed at the end of its test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import httpx
+import pytest
+from engine_helpers import (
+    PROMPT,
+    TEST_TOKEN,
+    Staged,
+    client_for,
+    loaded_adapter,
+    managed_view,
+    publish_from_disk,
+    refcount,
+    run,
+    wait_until,
+)
+
+from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
+
+LONG_TOKENS = 1500
+
+
+@asynccontextmanager
+async def managed_version(client: SGLangClient, adapter_dir, label: str = "v") -> AsyncIterator[Staged]:
+    staged = await publish_from_disk(client, adapter_dir, label)
+    try:
+        yield staged
+    finally:
+        view = await managed_view(client, staged.name)
+        if view is not None and view["state"] not in ("UNLOADED", "CLEANED"):
+            await client.managed("reclaim", lora_name=staged.name, reclaim_id=f"teardown-{staged.name}", wait_s=60)
+
+
+async def _audit(client: SGLangClient) -> dict[str, int]:
+    return (await client.status())["audit"]
+
+
+async def _both_counts(client: SGLangClient, name: str) -> tuple[int | None, int | None]:
+    view = await managed_view(client, name)
+    return (await refcount(client, name), None if view is None else view["mirrored_refcount"])
+
+
+# ---------------------------------------------------------------- native refcount (RFC §7.1)
+
+async def _end_by_503(client: SGLangClient, name: str) -> None:
+    # The test engines run with --abort-on-priority-when-disabled: the scheduler answers a request
+    # carrying a priority with a 503 from inside the request path, after the LoRA was acquired.
+    with pytest.raises(EngineHTTPError) as info:
+        await client.generate(PROMPT, name, 8, extra_fields={"priority": 1})
+    assert info.value.status_code == 503
+
+
+async def _end_by_abort(client: SGLangClient, name: str) -> None:
+    rid = uuid.uuid4().hex
+    task = asyncio.create_task(client.generate(PROMPT, name, LONG_TOKENS, ignore_eos=True, rid=rid))
+    await wait_until(lambda: _count_is(client, name, 2))
+    await client.abort_request(rid)
+    assert (await task).finish_reason["type"] == "abort"
+
+
+async def _end_by_client_disconnect(client: SGLangClient, name: str) -> None:
+    task = asyncio.create_task(client.generate(PROMPT, name, LONG_TOKENS, ignore_eos=True))
+    await wait_until(lambda: _count_is(client, name, 2))
+    task.cancel()
+
+
+async def _end_by_pre_dispatch_400(client: SGLangClient, name: str) -> None:
+    # Over-context is refused in tokenization, after _resolve_lora_path acquired the reference.
+    with pytest.raises(EngineHTTPError) as info:
+        await client.generate(PROMPT * 200, name, 4)
+    assert info.value.status_code == 400
+
+
+async def _end_twice_abort_after_finish(client: SGLangClient, name: str) -> None:
+    # Duplicate terminal: the request finishes, then an abort for the same rid arrives late.
+    rid = uuid.uuid4().hex
+    await client.generate(PROMPT, name, 4, rid=rid)
+    await client.abort_request(rid)
+
+
+async def _count_is(client: SGLangClient, name: str, expected: int) -> bool:
+    native, mirrored = await _both_counts(client, name)
+    return native == expected and mirrored == expected
+
+
+R1_ENDINGS = {
+    "503_in_request_path": _end_by_503,
+    "abort": _end_by_abort,
+    "client_disconnect": _end_by_client_disconnect,
+    "pre_dispatch_400": _end_by_pre_dispatch_400,
+    "duplicate_terminal": _end_twice_abort_after_finish,
+}
+
+
+@pytest.mark.parametrize("ending", sorted(R1_ENDINGS))
+def test_native_refcount_r1_ends_r2_keeps_exactly_one_reference(engines, fixtures, ending: str) -> None:
+    async def body() -> None:
+        async with client_for(engines.e0) as client, managed_version(client, fixtures.adapters["A"]) as a:
+            r2 = asyncio.create_task(client.generate(PROMPT, a.name, LONG_TOKENS, ignore_eos=True))
+            await wait_until(lambda: _count_is(client, a.name, 1))
+            await R1_ENDINGS[ending](client, a.name)
+            # r1 released exactly once: back to r2's single reference, native and mirrored alike.
+            await wait_until(lambda: _count_is(client, a.name, 1), timeout_s=15)
+            await asyncio.sleep(0.3)
+            assert await _both_counts(client, a.name) == (1, 1)
+            assert not r2.done()
+            r2_done = await r2
+            assert len(r2_done.output_ids) == LONG_TOKENS
+            await wait_until(lambda: _count_is(client, a.name, 0))
+
+    run(body())
+
+
+# ---------------------------------------------------------------- reclaim
+
+
+def test_reclaim_waits_for_in_flight_request_keeps_serving_then_unloads_once(engines, fixtures) -> None:
+    async def body() -> None:
+        async with client_for(engines.e1) as client:
+            a = await publish_from_disk(client, fixtures.adapters["A"])
+            before = await _audit(client)
+            reference = await client.generate(PROMPT, a.name, 8, ignore_eos=True)
+            in_flight = asyncio.create_task(client.generate(PROMPT, a.name, LONG_TOKENS, ignore_eos=True))
+            await wait_until(lambda: _count_is(client, a.name, 1))
+
+            # Session refs are 0 (the registry allowed the reclaim) but the engine still holds one.
+            answer = await client.managed("reclaim", lora_name=a.name, reclaim_id="r-1", wait_s=0.5)
+            assert answer["adapter"]["state"] == "DRAINING"
+            assert answer["adapter"]["pinned"] and answer["adapter"]["native_refcount"] == 1
+            assert answer["incarnation"] == a.incarnation
+
+            # New requests for the exact name fail fast; the in-flight one keeps being served by A.
+            with pytest.raises(EngineHTTPError) as refused:
+                await client.generate(PROMPT, a.name, 4)
+            assert refused.value.status_code == 409 and "VERSION_UNAVAILABLE" in refused.value.body
+            progress = await client.managed("reclaim", lora_name=a.name, reclaim_id="r-1")
+            assert progress["adapter"]["state"] == "DRAINING"
+            assert (await _audit(client))["physical_unload"] == before["physical_unload"]
+
+            finished = await in_flight
+            assert finished.output_ids[:8] == reference.output_ids
+            assert len(finished.output_ids) == LONG_TOKENS
+            done = await client.managed("reclaim", lora_name=a.name, reclaim_id="r-1", wait_s=30)
+            assert done["adapter"]["state"] == "UNLOADED"
+            assert done["adapter"]["reclaim_receipt"]["reclaim_id"] == "r-1"
+            assert (await _audit(client))["physical_unload"] == before["physical_unload"] + 1
+            assert await client.adapter(a.name) is None
+
+            # Repeated and late reclaims return the same receipt and unload nothing more.
+            for _ in range(3):
+                again = await client.managed("reclaim", lora_name=a.name, reclaim_id="r-1", wait_s=1)
+                assert again["adapter"]["reclaim_receipt"] == done["adapter"]["reclaim_receipt"]
+            assert (await _audit(client))["physical_unload"] == before["physical_unload"] + 1
+
+    run(body())
+
+
+def test_late_request_for_a_reclaimed_version_is_refused_never_reloaded(engines, fixtures) -> None:
+    async def body() -> None:
+        async with client_for(engines.e1) as client:
+            a = await publish_from_disk(client, fixtures.adapters["B"])
+            await client.managed("reclaim", lora_name=a.name, reclaim_id="r-late", wait_s=30)
+            loads_before = (await _audit(client))["physical_load"]
+            for lora_path in (a.name, [a.name], [None, a.name]):
+                payload = {"input_ids": PROMPT, "lora_path": lora_path, "sampling_params": {"max_new_tokens": 2}}
+                if isinstance(lora_path, list):
+                    payload["input_ids"] = [PROMPT] * len(lora_path)
+                response = await client._http.post("/generate", json=payload)
+                assert response.status_code == 409, response.text
+                assert "VERSION_UNAVAILABLE" in response.text
+            assert await client.adapter(a.name) is None
+            assert (await _audit(client))["physical_load"] == loads_before
+
+    run(body())
+
+
+def test_forged_reclaim_id_unknown_name_and_bad_token_are_typed_errors_changing_nothing(engines, fixtures) -> None:
+    async def body() -> None:
+        async with client_for(engines.e0) as client, managed_version(client, fixtures.adapters["B"]) as b:
+            await client.managed("reclaim", lora_name=b.name, reclaim_id="real-id", wait_s=30)
+            receipt = (await managed_view(client, b.name))["reclaim_receipt"]
+
+            with pytest.raises(ManagedRefusal) as forged:
+                await client.managed("reclaim", lora_name=b.name, reclaim_id="forged-id")
+            assert (forged.value.status_code, forged.value.reason) == (409, "NOT_RECLAIMABLE")
+
+            with pytest.raises(ManagedRefusal) as unknown:
+                await client.managed("reclaim", lora_name="not-a-managed-name", reclaim_id="x")
+            assert (unknown.value.status_code, unknown.value.reason) == (400, "NOT_MANAGED")
+
+            for token in (None, "wrong-token"):
+                async with SGLangClient(engines.e0.url, token=token) as intruder:
+                    with pytest.raises(ManagedRefusal) as denied:
+                        await intruder.managed("reclaim", lora_name=b.name, reclaim_id="real-id")
+                    assert (denied.value.status_code, denied.value.reason) == (401, "UNAUTHORIZED")
+
+            with pytest.raises(ManagedRefusal) as malformed:
+                await client.managed("reclaim", lora_name=b.name)
+            assert malformed.value.reason == "MALFORMED_REQUEST"
+
+            view = await managed_view(client, b.name)
+            assert view["reclaim_receipt"] == receipt and view["reclaim_id"] == "real-id"
+
+    run(body())
+
+
+def test_reclaim_on_an_incarnation_that_never_held_the_name_answers_unloaded_absent(engines) -> None:
+    async def body() -> None:
+        async with client_for(engines.e0) as client:
+            name = f"relax_policy_lora@1-never-{uuid.uuid4().hex[:12]}"
+            answer = await client.managed("reclaim", lora_name=name, reclaim_id="r-absent")
+            assert answer["adapter"]["state"] == "UNLOADED" and answer["adapter"]["absent"] is True
+
+    run(body())
+
+
+# ---------------------------------------------------------------- protection from stock paths
+
+
+def test_stock_load_unload_and_lru_never_touch_managed_adapters(engines, fixtures) -> None:
+    async def body() -> None:
+        async with (
+            client_for(engines.e0) as client,
+            managed_version(client, fixtures.adapters["A"]) as a,
+            managed_version(client, fixtures.adapters["B"]) as b,
+        ):
+            for managed in (a, b):
+                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER"):
+                    await client.load_lora_adapter(managed.name, str(fixtures.adapters["C"]))
+                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER"):
+                    await client.unload_lora_adapter(managed.name)
+            response = await client._http.post(
+                "/load_lora_adapter_from_tensors",
+                json={"lora_name": a.name, "config_dict": {}, "serialized_tensors": ""},
+            )
+            assert response.status_code >= 400
+
+            # Two managed (pinned) + unmanaged X fill max_loaded_loras=3; loading Y makes the stock
+            # load path evict the least recently used adapter: X, never a managed one.
+            async with loaded_adapter(client, fixtures.adapters["C"], "X") as x:
+                await client.generate(PROMPT, a.name, 2)
+                await client.generate(PROMPT, b.name, 2)
+                async with loaded_adapter(client, fixtures.adapters["C"], "Y") as y:
+                    names = {entry["name"] for entry in (await client.status())["adapters"]}
+                    assert names == {a.name, b.name, y}
+                    assert x not in names
+            for managed in (a, b):
+                assert (await managed_view(client, managed.name))["state"] == "READY"
+                assert (await client.generate(PROMPT, managed.name, 2)).output_ids
+
+    run(body())
+
+
+def test_every_managed_response_carries_the_engine_incarnation(engines, fixtures) -> None:
+    async def body() -> None:
+        async with client_for(engines.e1) as client:
+            incarnation = (await client.status())["incarnation"]
+            staged = await publish_from_disk(client, fixtures.adapters["C"])
+            for operation, extra in (("cleanup", {"attempt_token": "someone-else"}),
+                                     ("reclaim", {"reclaim_id": "r-inc", "wait_s": 30})):
+                try:
+                    answer = await client.managed(operation, lora_name=staged.name, **extra)
+                    assert answer["incarnation"] == incarnation
+                except ManagedRefusal:
+                    raw = await client._http.post(f"/versioned_lora/{operation}",
+                                                  json={"lora_name": staged.name, **extra})
+                    assert raw.json()["incarnation"] == incarnation
+
+    run(body())
+
+
+def test_status_endpoint_reports_state_refcounts_and_audit(engines, fixtures) -> None:
+    async def body() -> None:
+        async with client_for(engines.e0) as client, managed_version(client, fixtures.adapters["C"]) as c:
+            status = (await httpx.AsyncClient().get(f"{engines.e0.url}/versioned_lora/status")).json()
+            view = next(a for a in status["managed"] if a["name"] == c.name)
+            assert view["state"] == "READY" and view["pinned"] and view["lora_id"]
+            assert view["native_refcount"] == view["mirrored_refcount"] == 0
+            assert view["probe"]["logprob"] < 0
+            assert set(status["audit"]) >= {"pause_generation", "flush_cache", "abort_all", "base_weight_update"}
+            assert status["incarnation"] == c.incarnation
+
+    run(body())
+
+
+def test_audit_counts_pause_flush_and_abort_all(engines) -> None:
+    async def body() -> None:
+        async with client_for(engines.e1) as client:
+            before = await _audit(client)
+            await client._http.post("/pause_generation", json={"mode": "in_place"})
+            await client._http.post("/continue_generation", json={})
+            await client._http.post("/flush_cache")
+            await client._http.post("/abort_request", json={"abort_all": True})
+            after = await _audit(client)
+            for key in ("pause_generation", "continue_generation", "flush_cache", "abort_all"):
+                assert after[key] == before[key] + 1, key
+            assert after["base_weight_update"] == before["base_weight_update"]
+
+    run(body())
+
+
+def test_token_is_required_only_on_managed_endpoints(engines) -> None:
+    async def body() -> None:
+        async with SGLangClient(engines.e0.url, token=None) as anonymous:
+            assert (await anonymous.status())["incarnation"]
+            assert (await anonymous.generate(PROMPT, None, 2)).output_ids
+        assert TEST_TOKEN
+
+    run(body())

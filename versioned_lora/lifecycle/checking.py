@@ -1,0 +1,84 @@
+"""Check one step against the spec: invariants, step invariants, the frame condition, and that rows
+which declare no writes changed nothing. Used after every step by the tests (`checked_step`) and by
+the model checker (`registry_step_violations`)."""
+
+from __future__ import annotations
+
+from versioned_lora.lifecycle.core import CORE, Core, Fired
+from versioned_lora.lifecycle.effects import PhysicalUnload
+from versioned_lora.lifecycle.frame import changed_fields, engine_changed_fields
+from versioned_lora.spec.events import EngineEvent, RegistryEvent
+from versioned_lora.spec.invariants import engine_violated, engine_violated_by_step, violated, violated_by_step
+from versioned_lora.spec.model import EngineAdapterState, RegistryState
+from versioned_lora.spec.states import SAME, SessionState
+from versioned_lora.spec.table import Row
+
+
+class InvariantViolation(AssertionError):
+    pass
+
+
+def _frame_violations(row: Row, changed: frozenset[str], unchanged: bool) -> list[str]:
+    problems = []
+    undeclared = changed - frozenset(row.writes)
+    if undeclared:
+        problems.append(f"frame: row {row.id} wrote undeclared fields {sorted(undeclared)}")
+    if not row.changes_state and not unchanged:
+        problems.append(f"row {row.id} declares no writes but changed the state")
+    return problems
+
+
+def _target_reached(row: Row, landed: str) -> bool:
+    if row.target == SAME:
+        return True
+    # A close at the mark compacts the tombstone away at once: CLOSED shows as COMPACTED.
+    return landed == row.target or (row.target == SessionState.CLOSED and landed == SessionState.COMPACTED)
+
+
+def registry_step_violations(
+    before: RegistryState, event: RegistryEvent, fired: Fired, core: Core = CORE
+) -> list[str]:
+    after = fired.state
+    assert isinstance(after, RegistryState)
+    problems = [f"invariant {name}" for name in violated(after)]
+    problems += [f"step invariant {name}" for name in violated_by_step(before, after)]
+    problems += _frame_violations(fired.row, changed_fields(before, after), after == before)
+    landed = core.registry.table[type(event)][0](after, event)
+    if not _target_reached(fired.row, landed):
+        problems.append(f"row {fired.row.id} targets {fired.row.target} but the entity is {landed}")
+    return problems
+
+
+def engine_step_violations(
+    before: EngineAdapterState, event: EngineEvent, fired: Fired, core: Core = CORE
+) -> list[str]:
+    after = fired.state
+    assert isinstance(after, EngineAdapterState)
+    problems = [f"engine invariant {name}" for name in engine_violated(after)]
+    problems += [f"engine step invariant {name}" for name in engine_violated_by_step(before, after)]
+    problems += _frame_violations(fired.row, engine_changed_fields(before, after), after == before)
+    landed = core.engine.table[type(event)][0](after, event)
+    if not _target_reached(fired.row, landed):
+        problems.append(f"row {fired.row.id} targets {fired.row.target} but the adapter is {landed}")
+    for effect in fired.effects:
+        # Nothing is physically unloaded while SGLang's refcount for the name is above zero.
+        if isinstance(effect, PhysicalUnload) and before.adapters[effect.lora_name].native_refs:
+            problems.append(f"row {fired.row.id} unloads {effect.lora_name} while it is referenced")
+    return problems
+
+
+def checked_step(state: RegistryState, event: RegistryEvent, core: Core = CORE) -> Fired:
+    """`step_traced` plus every check; raises InvariantViolation with all problems found."""
+    fired = core.step_traced(state, event)
+    problems = registry_step_violations(state, event, fired, core)
+    if problems:
+        raise InvariantViolation(f"{event!r} via {fired.row.id}: " + "; ".join(problems))
+    return fired
+
+
+def checked_engine_step(state: EngineAdapterState, event: EngineEvent, core: Core = CORE) -> Fired:
+    fired = core.engine_step_traced(state, event)
+    problems = engine_step_violations(state, event, fired, core)
+    if problems:
+        raise InvariantViolation(f"{event!r} via {fired.row.id}: " + "; ".join(problems))
+    return fired

@@ -1,0 +1,104 @@
+"""Patch set "managed": versioned-lora managed adapters inside SGLang 0.5.23's server process.
+
+- `guards`: SGLang's ordinary load/unload/LRU/implicit-reload paths refuse managed names.
+- `engine_side`: the engine-side machine of the spec table, driven here, and its effects.
+- `endpoints`: ``/versioned_lora/{begin,receive_bucket,end,cleanup,reclaim}`` (+ status section).
+- `audit`: counters of pause/flush/abort_all/base-weight updates.
+
+Everything lives in the server (tokenizer-manager) process, where SGLang keeps its LoRARegistry;
+the scheduler and detokenizer stay stock except for what staging needs there.
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from versioned_lora.sglang_patches import introspection
+from versioned_lora.sglang_patches.managed import audit, endpoints, guards
+from versioned_lora.sglang_patches.managed.engine_side import ManagedEngine
+from versioned_lora.sglang_patches.mechanism import replace_attribute
+
+PATCH_SET = "managed"
+
+_engine: ManagedEngine | None = None
+_stock_load: Any = None
+
+
+def current_engine() -> ManagedEngine:
+    """The one ManagedEngine of this server, created on first use (the tokenizer manager exists only
+    once `launch_server` has started the subprocesses)."""
+    global _engine
+    if _engine is None:
+        from sglang.srt.entrypoints import http_server
+
+        _engine = ManagedEngine(http_server.get_global_state().tokenizer_manager, introspection.INCARNATION,
+                                stock_load=_stock_load)
+    return _engine
+
+
+class _LazyEngine:
+    """Lets the endpoints be registered before the engine exists."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(current_engine(), name)
+
+
+def apply(role: str) -> None:
+    global _stock_load
+    if role != "server":
+        return
+    from sglang.srt.entrypoints import http_server
+    from sglang.srt.lora.lora_registry import LoRARegistry
+    from sglang.srt.managers.tokenizer_manager import TokenizerManager
+
+    if _stock_load is None:
+        _stock_load = TokenizerManager.load_lora_adapter
+    audit.install()
+    guards.install(may_serve=lambda name: current_engine().unavailable_state(name))
+    _install_refcount_mirror(LoRARegistry)
+    endpoints.install(http_server.app, _LazyEngine())  # type: ignore[arg-type]
+    introspection.STATUS_EXTENSIONS.append(lambda _tm: endpoints.status_extension(current_engine()))
+
+
+def _install_refcount_mirror(registry_class: Any) -> None:
+    """Mirror SGLang's native request refcount of managed names into the engine-side machine.
+
+    LoRARegistry.acquire (called by TokenizerManager._resolve_lora_path) increments the native
+    counter of each named adapter; LoRARegistry.release (from TokenizerManager._release_lora_once,
+    exactly once per request) decrements it. The machine needs the count to decide DRAINING vs
+    UNREGISTERED and to refuse unloading while requests hold the adapter. The mirror is stepped
+    *before* the native decrement, so when wait_for_unload wakes the machine already agrees.
+    If the machine refuses an acquire (the version started reclaiming between the guard in
+    _resolve_lora_path and the native acquire), the request gives its native references back and
+    fails with VERSION_UNAVAILABLE: nothing is dispatched for a version once it is reclaiming.
+    """
+    stock_acquire = registry_class.acquire
+    stock_release = registry_class.release
+
+    @functools.wraps(stock_acquire)
+    async def acquire(self: Any, lora_name: Any) -> Any:
+        lora_ids = await stock_acquire(self, lora_name)
+        engine = current_engine()
+        pairs = zip(lora_name, lora_ids, strict=True) if isinstance(lora_name, list) else [(lora_name, lora_ids)]
+        mirrored: list[str] = []
+        for name, lora_id in pairs:
+            if not guards.is_managed_name(name):
+                continue
+            if engine.on_acquired(name) is not None:
+                for taken in mirrored:
+                    engine.on_released(taken)
+                await stock_release(self, lora_ids)
+                raise guards.ManagedVersionUnavailable(name, engine.unavailable_state(name) or "gone")
+            mirrored.append(lora_id)
+        return lora_ids
+
+    @functools.wraps(stock_release)
+    async def release(self: Any, lora_id: Any) -> Any:
+        for one in lora_id if isinstance(lora_id, list) else [lora_id]:
+            if one is not None:
+                current_engine().on_released(one)
+        return await stock_release(self, lora_id)
+
+    replace_attribute(PATCH_SET, registry_class, "acquire", acquire, why="mirror native refcount of managed names")
+    replace_attribute(PATCH_SET, registry_class, "release", release, why="mirror native refcount of managed names")

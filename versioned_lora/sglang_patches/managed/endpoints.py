@@ -1,0 +1,169 @@
+"""The managed endpoints under ``/versioned_lora/`` on SGLang's HTTP server. JSON in and out.
+
+Every answer carries the engine ``incarnation``. Outcomes of the protocol are 200 with a ``result``;
+expected refusals from the spec table (stale attempt, forged reclaim id, ...) are 409 with
+``{"error": {"reason", "row", "message"}}``; malformed bodies are 400, oversized bodies 413, a bad or
+missing shared-secret token 401 — and none of those change anything.
+"""
+
+from __future__ import annotations
+
+import hmac
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import attrs
+from fastapi import Request  # module level: FastAPI resolves the endpoint's annotation here
+
+from versioned_lora.adapters.manifest import Manifest, ManifestError
+from versioned_lora.sglang_patches.managed import audit
+from versioned_lora.sglang_patches.managed.engine_side import EngineOperationError, ManagedEngine, ProtocolRefusal
+from versioned_lora.sglang_patches.managed.guards import is_managed_name
+from versioned_lora.sglang_patches.managed.staging import DiskSource
+
+PREFIX = "/versioned_lora"
+TOKEN_ENV = "VERSIONED_LORA_TOKEN"
+TOKEN_HEADER = "x-versioned-lora-token"
+MAX_CONTROL_BODY = 64 * 1024  # control messages are small; tensors travel over torch.distributed
+
+
+class BadRequest(Exception):
+    def __init__(self, code: str, message: str, status: int = 400) -> None:
+        super().__init__(message)
+        self.code = code
+        self.status = status
+
+
+def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
+    value = body.get(name)
+    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
+        raise BadRequest("MALFORMED_REQUEST", f"field {name!r} must be {getattr(kind, '__name__', kind)}")
+    return value
+
+
+def _managed_name(body: dict[str, Any]) -> str:
+    name = _field(body, "lora_name", str)
+    if not is_managed_name(name):
+        raise BadRequest("NOT_MANAGED", f"{name!r} is not a versioned-lora managed name")
+    return name
+
+
+@attrs.define
+class ManagedAPI:
+    engine: ManagedEngine
+
+    def begin(self, body: dict[str, Any]) -> Any:
+        name = _managed_name(body)
+        try:
+            manifest = Manifest.from_json(_field(body, "manifest", str))
+        except ManifestError as exc:
+            raise BadRequest("MALFORMED_MANIFEST", str(exc)) from exc
+        digest = _field(body, "digest", str)
+        if manifest.digest != digest:
+            raise BadRequest("DIGEST_MISMATCH", f"manifest digest {manifest.digest} != declared {digest}")
+        source_path = body.get("source_path")
+        if source_path is None:
+            raise BadRequest("MALFORMED_REQUEST", "begin needs a source (source_path, or a bucket plan)")
+        source = DiskSource(
+            lora_name=name,
+            attempt_token=_field(body, "attempt_token", str),
+            incarnation=_field(body, "incarnation", int),
+            digest=digest,
+            manifest=manifest,
+            path=Path(_field(body, "source_path", str)),
+        )
+        return self.engine.begin(source)
+
+    async def receive_bucket(self, body: dict[str, Any]) -> Any:
+        return await self.engine.receive_bucket(
+            _managed_name(body), _field(body, "attempt_token", str), _field(body, "incarnation", int),
+            _field(body, "index", int),
+        )
+
+    async def end(self, body: dict[str, Any]) -> Any:
+        probe = body.get("probe_input_ids", [1, 2, 3, 4])
+        if not isinstance(probe, list) or not probe or not all(isinstance(t, int) for t in probe):
+            raise BadRequest("MALFORMED_REQUEST", "probe_input_ids must be a non-empty list of token ids")
+        return await self.engine.end(
+            _managed_name(body), _field(body, "attempt_token", str), _field(body, "incarnation", int), probe
+        )
+
+    async def cleanup(self, body: dict[str, Any]) -> Any:
+        return await self.engine.cleanup(_managed_name(body), _field(body, "attempt_token", str))
+
+    async def reclaim(self, body: dict[str, Any]) -> Any:
+        wait_s = body.get("wait_s", 0.0)
+        if not isinstance(wait_s, int | float) or wait_s < 0 or wait_s > 600:
+            raise BadRequest("MALFORMED_REQUEST", "wait_s must be a number in [0, 600]")
+        return await self.engine.reclaim(_managed_name(body), _field(body, "reclaim_id", str), float(wait_s))
+
+
+def _to_json(value: Any) -> Any:
+    if attrs.has(type(value)):
+        return {k: _to_json(v) for k, v in attrs.asdict(value, recurse=False).items()}
+    if isinstance(value, dict):
+        return {str(k): _to_json(v) for k, v in value.items()}
+    if isinstance(value, list | tuple | frozenset | set):
+        return [_to_json(v) for v in value]
+    if isinstance(value, str | int | float | bool) or value is None:
+        return value if not hasattr(value, "value") else str(value)
+    return str(value)
+
+
+def install(app: Any, engine: ManagedEngine) -> None:
+    from fastapi.responses import ORJSONResponse
+
+    api = ManagedAPI(engine)
+    secret = os.environ.get(TOKEN_ENV) or None
+
+    def envelope(status: int, **payload: Any) -> Any:
+        return ORJSONResponse({"incarnation": engine.incarnation, **payload}, status_code=status)
+
+    def route(handler: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Awaitable[Any]]:
+        async def endpoint(request: Request) -> Any:
+            if secret is not None and not hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), secret):
+                return envelope(401, error={"reason": "UNAUTHORIZED", "message": "bad or missing token"})
+            raw = await request.body()
+            if len(raw) > MAX_CONTROL_BODY:
+                return envelope(413, error={"reason": "BODY_TOO_LARGE", "message": f"{len(raw)} bytes > 64 KiB"})
+            try:
+                import orjson
+
+                body = orjson.loads(raw or b"{}")
+                if not isinstance(body, dict):
+                    raise BadRequest("MALFORMED_REQUEST", "body must be a JSON object")
+                result = handler(body)
+                if isinstance(result, Awaitable):
+                    result = await result
+            except BadRequest as exc:
+                return envelope(exc.status, error={"reason": exc.code, "message": str(exc)})
+            except ProtocolRefusal as exc:
+                return envelope(409, error={"reason": str(exc.rejected.reason), "row": exc.rejected.row,
+                                            "message": str(exc)})
+            except EngineOperationError as exc:
+                return envelope(500, error={"reason": exc.code, "message": str(exc)})
+            except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+                return envelope(400, error={"reason": "MALFORMED_REQUEST", "message": str(exc)})
+            return envelope(200, result=_to_json(result), adapter=_adapter_view(engine, body))
+
+        return endpoint
+
+    for path, handler in {
+        "begin": api.begin,
+        "receive_bucket": api.receive_bucket,
+        "end": api.end,
+        "cleanup": api.cleanup,
+        "reclaim": api.reclaim,
+    }.items():
+        app.add_api_route(f"{PREFIX}/{path}", route(handler), methods=["POST"])
+
+
+def _adapter_view(engine: ManagedEngine, body: dict[str, Any]) -> Any:
+    name = body.get("lora_name")
+    return next((a for a in engine.status()["managed"] if a["name"] == name), None)
+
+
+def status_extension(engine: ManagedEngine) -> dict[str, Any]:
+    return {**engine.status(), "audit": audit.snapshot()}

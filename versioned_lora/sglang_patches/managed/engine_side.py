@@ -1,0 +1,291 @@
+"""The engine side of the protocol inside SGLang's server process.
+
+`ManagedEngine` owns this engine's managed-adapter state — a value of the spec table's engine-side
+machine (`lifecycle.engine_step`) — and carries out the effects each step answers against SGLang's
+`TokenizerManager`: load pinned, unregister, `wait_for_unload`, physical unload, stash handling.
+No state changes here except through `engine_step`; this module only performs I/O.
+
+Everything runs on the server's single asyncio loop. A step is synchronous, so reading the state
+and stepping it cannot interleave with another coroutine; the awaits happen only while carrying out
+effects, and each effect is idempotent per attempt token or reclaim id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from typing import Any
+
+import attrs
+
+from versioned_lora.lifecycle import engine_step, initial_engine_state
+from versioned_lora.lifecycle.effects import (
+    AllocateStash,
+    AwaitUnload,
+    EngineEffect,
+    FreeStash,
+    LoadPinned,
+    PhysicalUnload,
+    StashBucket,
+    Unregister,
+)
+from versioned_lora.lifecycle.results import Rejected
+from versioned_lora.sglang_patches.managed import audit
+from versioned_lora.sglang_patches.managed.staging import StagingSource
+from versioned_lora.spec.events import (
+    AcquireRequest,
+    BeginStaging,
+    CleanupAttempt,
+    EndStaging,
+    EngineEvent,
+    FinishUnload,
+    ReceiveBucket,
+    ReclaimAdapter,
+    ReleaseRequest,
+)
+from versioned_lora.spec.model import ManagedAdapter
+from versioned_lora.spec.states import AdapterState
+
+logger = logging.getLogger(__name__)
+
+# The engine-side machine names its engine; inside one SGLang process there is only itself.
+SELF = "self"
+
+
+class ProtocolRefusal(Exception):
+    """An expected refusal from the table (a `Rejected` result), returned to the caller as a typed
+    error; nothing changed."""
+
+    def __init__(self, rejected: Rejected, detail: str = "") -> None:
+        super().__init__(f"{rejected.reason}: {detail or rejected.row}")
+        self.rejected = rejected
+
+
+class EngineOperationError(Exception):
+    """SGLang failed an operation the protocol asked for (a load or unload); typed for the caller."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@attrs.define
+class LoadedInstance:
+    lora_id: str
+    loaded_at: float
+    probe: dict[str, Any] | None = None
+
+
+class ManagedEngine:
+    def __init__(self, tokenizer_manager: Any, incarnation: int, stock_load: Any) -> None:
+        self.tm = tokenizer_manager
+        self.incarnation = incarnation
+        self.state = initial_engine_state(SELF, incarnation)
+        self._stock_load = stock_load  # TokenizerManager.load_lora_adapter before our guard
+        self.loaded: dict[str, LoadedInstance] = {}
+        self.names_by_lora_id: dict[str, str] = {}
+        self.sources: dict[tuple[str, str], StagingSource] = {}
+        self._reclaims: dict[str, asyncio.Task[None]] = {}
+        self.reclaim_receipts: dict[str, dict[str, Any]] = {}
+
+    # ---------------------------------------------------------------- the only state change
+    def step(self, event: EngineEvent) -> tuple[Any, tuple[EngineEffect, ...]]:
+        self.state, result, effects = engine_step(self.state, event)
+        return result, tuple(effects)
+
+    def step_or_refuse(self, event: EngineEvent) -> tuple[Any, tuple[EngineEffect, ...]]:
+        result, effects = self.step(event)
+        if isinstance(result, Rejected):
+            raise ProtocolRefusal(result)
+        return result, effects
+
+    def adapter(self, name: str) -> ManagedAdapter | None:
+        return self.state.adapters.get(name)
+
+    def unavailable_state(self, name: str) -> str | None:
+        """None if requests may acquire `name` now, else the reason to show."""
+        adapter = self.adapter(name)
+        if adapter is None:
+            return "not loaded"
+        if adapter.state is AdapterState.READY:
+            return None
+        return str(adapter.state)
+
+    # ---------------------------------------------------------------- native refcount mirror
+    def on_acquired(self, name: str) -> Rejected | None:
+        result, _ = self.step(AcquireRequest(name))
+        return result if isinstance(result, Rejected) else None
+
+    def on_released(self, lora_id: str) -> None:
+        name = self.names_by_lora_id.get(lora_id)
+        if name is not None:
+            self.step(ReleaseRequest(name))
+
+    # ---------------------------------------------------------------- staging
+    def begin(self, source: StagingSource) -> Any:
+        result, effects = self.step_or_refuse(
+            BeginStaging(source.lora_name, source.attempt_token, source.incarnation, source.digest,
+                         source.bucket_count)
+        )
+        for effect in effects:
+            if isinstance(effect, AllocateStash):
+                self.sources[(source.lora_name, source.attempt_token)] = source
+                source.allocate()
+        return result
+
+    async def receive_bucket(self, name: str, attempt_token: str, incarnation: int, index: int) -> Any:
+        result, effects = self.step_or_refuse(ReceiveBucket(name, attempt_token, incarnation, index))
+        for effect in effects:
+            if isinstance(effect, StashBucket):
+                await self.sources[(name, attempt_token)].stash_bucket(self.tm, index)
+        return result
+
+    async def end(self, name: str, attempt_token: str, incarnation: int, probe_input_ids: list[int]) -> Any:
+        source = self.sources.get((name, attempt_token))
+        verdict = await source.verify(self.tm) if source is not None else None
+        result, effects = self.step_or_refuse(
+            EndStaging(name, attempt_token, incarnation, manifest_ok=verdict is None or verdict.ok)
+        )
+        await self._run_effects(effects, attempt_token)
+        if verdict is not None and not verdict.ok:
+            raise ProtocolRefusal(Rejected(result.reason, result.row), verdict.detail)
+        instance = self.loaded.get(name)
+        if instance is not None and instance.probe is None:
+            instance.probe = await self._probe(name, probe_input_ids)
+        return result
+
+    async def cleanup(self, name: str, attempt_token: str) -> Any:
+        result, effects = self.step_or_refuse(CleanupAttempt(name, attempt_token))
+        await self._run_effects(effects, attempt_token)
+        return result
+
+    # ---------------------------------------------------------------- reclaim
+    async def reclaim(self, name: str, reclaim_id: str, wait_s: float) -> Any:
+        result, effects = self.step_or_refuse(ReclaimAdapter(name, reclaim_id))
+        if any(isinstance(effect, Unregister) for effect in effects):
+            await self._unregister(name)
+        if any(isinstance(effect, AwaitUnload) for effect in effects):
+            self._reclaims[name] = asyncio.create_task(self._drain_then_unload(name, reclaim_id))
+        await self._run_effects(tuple(e for e in effects if not isinstance(e, Unregister | AwaitUnload)), None)
+        task = self._reclaims.get(name)
+        if task is not None and wait_s > 0:
+            await asyncio.wait({task}, timeout=wait_s)
+            if task.done() and task.exception() is not None:
+                raise task.exception()  # type: ignore[misc]
+        return result
+
+    async def _drain_then_unload(self, name: str, reclaim_id: str) -> None:
+        instance = self.loaded.get(name)
+        if instance is not None:
+            # SGLang's LoRARegistry.wait_for_unload: returns once the native request counter of this
+            # lora_id reaches zero (every in-flight request released it), then drops the counter.
+            await self.tm.lora_registry.wait_for_unload(instance.lora_id)
+        _, effects = self.step_or_refuse(FinishUnload(name, reclaim_id))
+        await self._run_effects(effects, None)
+        self.reclaim_receipts[name] = {"lora_name": name, "reclaim_id": reclaim_id, "unloaded_at": time.time()}
+
+    # ---------------------------------------------------------------- effects
+    async def _run_effects(self, effects: tuple[EngineEffect, ...], attempt_token: str | None) -> None:
+        for effect in effects:
+            if isinstance(effect, LoadPinned):
+                await self._load_pinned(effect.lora_name, effect.attempt_token)
+            elif isinstance(effect, FreeStash):
+                key = (effect.lora_name, effect.attempt_token or attempt_token or "")
+                source = self.sources.pop(key, None)
+                if source is not None:
+                    await source.free(self.tm)
+            elif isinstance(effect, Unregister):
+                await self._unregister(effect.lora_name)
+            elif isinstance(effect, PhysicalUnload):
+                await self._physical_unload(effect.lora_name)
+            else:
+                raise AssertionError(f"effect {effect!r} has no executor here")
+
+    async def _load_pinned(self, name: str, attempt_token: str) -> None:
+        from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput
+
+        source = self.sources[(name, attempt_token)]
+        path = await source.materialise(self.tm)
+        # TokenizerControlMixin.load_lora_adapter (the stock one, not our guard): a fresh LoRARef,
+        # so a new lora_id and a cold KV namespace; pinned, so LRU eviction never picks it.
+        output = await self._stock_load(self.tm, LoadLoRAAdapterReqInput(lora_name=name, lora_path=path, pinned=True))
+        if not output.success:
+            raise EngineOperationError("LOAD_FAILED", output.error_message or "load failed")
+        lora_id = self.tm.lora_registry._registry[name].lora_id
+        self.loaded[name] = LoadedInstance(lora_id=lora_id, loaded_at=time.time())
+        self.names_by_lora_id[lora_id] = name
+        audit.COUNTS["physical_load"] += 1
+
+    async def _unregister(self, name: str) -> None:
+        # LoRARegistry.unregister: new requests for the exact name fail from now on; the name also
+        # leaves lora_ref_cache so TokenizerManager._resolve_lora_path can never reload it.
+        async with self.tm.lora_update_lock:
+            if name in self.tm.lora_registry._registry:
+                await self.tm.lora_registry.unregister(name)
+            self.tm.lora_ref_cache.pop(name, None)
+
+    async def _physical_unload(self, name: str) -> None:
+        from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
+
+        instance = self.loaded.pop(name, None)
+        if instance is None:
+            return
+        if instance.lora_id in self.tm.lora_registry._counters:
+            await self.tm.lora_registry.wait_for_unload(instance.lora_id)
+        async with self.tm.lora_update_lock:
+            # TokenizerManager.update_lora_adapter_communicator: the scheduler drops the weights of
+            # this lora_id (LoRAManager.unload_lora_adapter) and frees its memory-pool slot.
+            results = await self.tm.update_lora_adapter_communicator(
+                UnloadLoRAAdapterReqInput(lora_name=name, lora_id=instance.lora_id)
+            )
+        failed = [r.error_message for r in results if not r.success]
+        if failed:
+            raise EngineOperationError("UNLOAD_FAILED", "; ".join(str(f) for f in failed))
+        audit.COUNTS["physical_unload"] += 1
+        audit.COUNTS[f"physical_unload:{name}"] += 1
+
+    async def _probe(self, name: str, input_ids: list[int]) -> dict[str, Any]:
+        """An exact-version probe through the ordinary request path: one greedy token with logprob."""
+        from sglang.srt.managers.io_struct import GenerateReqInput
+
+        request = GenerateReqInput(
+            input_ids=list(input_ids),
+            lora_path=name,
+            sampling_params={"max_new_tokens": 1, "temperature": 0.0},
+            return_logprob=True,
+        )
+        output = await self.tm.generate_request(request, None).__anext__()
+        meta = output["meta_info"]
+        first = meta["output_token_logprobs"][0]
+        return {"token_id": int(first[1]), "logprob": float(first[0]), "cached_tokens": meta.get("cached_tokens", 0)}
+
+    # ---------------------------------------------------------------- status
+    def status(self) -> dict[str, Any]:
+        counters = dict(self.tm.lora_registry._counters)
+        adapters = []
+        for name, adapter in self.state.adapters.items():
+            instance = self.loaded.get(name)
+            task = self._reclaims.get(name)
+            adapters.append(
+                {
+                    "name": name,
+                    "state": str(adapter.state),
+                    "attempt_token": adapter.attempt_token,
+                    "digest": adapter.digest,
+                    "buckets_received": adapter.buckets_received,
+                    "bucket_count": adapter.bucket_count,
+                    "lora_id": instance.lora_id if instance else None,
+                    "pinned": instance is not None,
+                    "native_refcount": (
+                        counters[instance.lora_id].value() if instance and instance.lora_id in counters else 0
+                    ),
+                    "mirrored_refcount": adapter.native_refs,
+                    "reclaim_id": adapter.reclaim_id,
+                    "reclaim_running": task is not None and not task.done(),
+                    "reclaim_receipt": self.reclaim_receipts.get(name),
+                    "absent": adapter.absent,
+                    "probe": instance.probe if instance else None,
+                }
+            )
+        return {"incarnation": self.incarnation, "managed": adapters}

@@ -1,0 +1,86 @@
+"""The declarative specification: the transition table (ROWS), the machines and their states, the
+identities, the state schema, the events, and the named invariants and liveness properties. Data
+only; `versioned_lora.lifecycle` compiles it into `step`."""
+
+from versioned_lora.spec.events import (
+    ENGINE_EVENT_TYPES,
+    EVENT_MACHINE,
+    EVENT_TYPES,
+    REGISTRY_EVENT_TYPES,
+    EngineEvent,
+    RegistryEvent,
+)
+from versioned_lora.spec.identities import SessionKey, VersionKey, attempt_token, lora_name, reclaim_id
+from versioned_lora.spec.invariants import (
+    ENGINE_INVARIANTS,
+    ENGINE_STEP_INVARIANTS,
+    INVARIANTS,
+    LIVENESS,
+    STEP_INVARIANTS,
+    EngineInvariant,
+    EngineStepInvariant,
+    Invariant,
+    Liveness,
+    StepInvariant,
+    engine_violated,
+    engine_violated_by_step,
+    violated,
+    violated_by_step,
+)
+from versioned_lora.spec.reasons import Reason
+from versioned_lora.spec.states import (
+    ENGINE_SIDE_MACHINES,
+    INITIAL_STATES,
+    PSEUDO_STATES,
+    REGISTRY_MACHINES,
+    SAME,
+    STATES,
+    WILDCARD,
+    Machine,
+)
+from versioned_lora.spec.table import FIELDS, ROWS, ROWS_BY_ID, Move, Row, covered_pairs, rows_for, uncovered_pairs
+
+__all__ = [
+    "ENGINE_EVENT_TYPES",
+    "ENGINE_INVARIANTS",
+    "ENGINE_SIDE_MACHINES",
+    "ENGINE_STEP_INVARIANTS",
+    "EVENT_MACHINE",
+    "EVENT_TYPES",
+    "FIELDS",
+    "INITIAL_STATES",
+    "INVARIANTS",
+    "LIVENESS",
+    "PSEUDO_STATES",
+    "REGISTRY_EVENT_TYPES",
+    "REGISTRY_MACHINES",
+    "ROWS",
+    "ROWS_BY_ID",
+    "SAME",
+    "STATES",
+    "STEP_INVARIANTS",
+    "WILDCARD",
+    "EngineEvent",
+    "EngineInvariant",
+    "EngineStepInvariant",
+    "Invariant",
+    "Liveness",
+    "Machine",
+    "Move",
+    "Reason",
+    "RegistryEvent",
+    "Row",
+    "SessionKey",
+    "StepInvariant",
+    "VersionKey",
+    "attempt_token",
+    "covered_pairs",
+    "engine_violated",
+    "engine_violated_by_step",
+    "lora_name",
+    "reclaim_id",
+    "rows_for",
+    "uncovered_pairs",
+    "violated",
+    "violated_by_step",
+]

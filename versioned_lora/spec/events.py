@@ -1,0 +1,248 @@
+"""Events: frozen values, each carrying the identities that make it idempotent.
+
+Registry events are what the runtime reports to the single-writer registry; engine events are what
+the SGLang patch feeds its own managed-adapter machine. The table names events by class name.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from versioned_lora.spec.identities import SessionKey, VersionKey
+from versioned_lora.spec.states import Machine
+
+# ---- registry: publication ----
+
+
+@attrs.frozen
+class Reserve:
+    """Take a managed slot for `version` with content `digest` and open its publication attempt."""
+
+    version: VersionKey
+    digest: str
+
+
+@attrs.frozen
+class RecordPrepared:
+    version: VersionKey
+    attempt_token: str
+    engine: str
+    incarnation: int
+    digest: str
+
+
+@attrs.frozen
+class RecordReady:
+    """READY_LOCAL from one engine: counts only for this attempt, incarnation and digest."""
+
+    version: VersionKey
+    attempt_token: str
+    engine: str
+    incarnation: int
+    digest: str
+
+
+@attrs.frozen
+class RecordUnknown:
+    """An engine's answer for this attempt was lost or never came: keep everything, assume nothing."""
+
+    version: VersionKey
+    attempt_token: str
+    engine: str
+
+
+@attrs.frozen
+class Commit:
+    version: VersionKey
+    attempt_token: str
+    expected_default_revision: int
+
+
+@attrs.frozen
+class Abort:
+    version: VersionKey
+    attempt_token: str
+
+
+@attrs.frozen
+class RecordCleaned:
+    version: VersionKey
+    attempt_token: str
+    engine: str
+
+
+# ---- registry: reclaim ----
+
+
+@attrs.frozen
+class ClaimReclaim:
+    version: VersionKey
+
+
+@attrs.frozen
+class ConfirmReclaim:
+    """UNLOADED receipt from one engine (also when that incarnation never held the name)."""
+
+    version: VersionKey
+    engine: str
+    reclaim_id: str
+
+
+# ---- registry: sessions ----
+
+
+@attrs.frozen
+class OpenSession:
+    session: SessionKey
+
+
+@attrs.frozen
+class BindFirst:
+    session: SessionKey
+
+
+@attrs.frozen
+class BeginClose:
+    session: SessionKey
+
+
+@attrs.frozen
+class CloseAndRelease:
+    session: SessionKey
+
+
+# ---- registry: engines ----
+
+
+@attrs.frozen
+class EngineRestarted:
+    engine: str
+    incarnation: int
+
+
+# ---- engine side (managed adapter x engine) ----
+
+
+@attrs.frozen
+class BeginStaging:
+    lora_name: str
+    attempt_token: str
+    incarnation: int
+    digest: str
+    bucket_count: int
+
+
+@attrs.frozen
+class ReceiveBucket:
+    lora_name: str
+    attempt_token: str
+    incarnation: int
+    index: int
+
+
+@attrs.frozen
+class EndStaging:
+    """`manifest_ok` is the verdict of the patch's check of the received weights against the manifest."""
+
+    lora_name: str
+    attempt_token: str
+    incarnation: int
+    manifest_ok: bool
+
+
+@attrs.frozen
+class CleanupAttempt:
+    lora_name: str
+    attempt_token: str
+
+
+@attrs.frozen
+class AcquireRequest:
+    lora_name: str
+
+
+@attrs.frozen
+class ReleaseRequest:
+    lora_name: str
+
+
+@attrs.frozen
+class ReclaimAdapter:
+    lora_name: str
+    reclaim_id: str
+
+
+@attrs.frozen
+class FinishUnload:
+    """SGLang's `wait_for_unload` returned for this name: the physical unload may run (once)."""
+
+    lora_name: str
+    reclaim_id: str
+
+
+@attrs.frozen
+class EngineStarted:
+    incarnation: int
+
+
+RegistryEvent = (
+    Reserve
+    | RecordPrepared
+    | RecordReady
+    | RecordUnknown
+    | Commit
+    | Abort
+    | RecordCleaned
+    | ClaimReclaim
+    | ConfirmReclaim
+    | OpenSession
+    | BindFirst
+    | BeginClose
+    | CloseAndRelease
+    | EngineRestarted
+)
+EngineEvent = (
+    BeginStaging
+    | ReceiveBucket
+    | EndStaging
+    | CleanupAttempt
+    | AcquireRequest
+    | ReleaseRequest
+    | ReclaimAdapter
+    | FinishUnload
+    | EngineStarted
+)
+
+# Which machine each event is located on: the machine whose state selects the row.
+EVENT_MACHINE: dict[type, Machine] = {
+    Reserve: Machine.VERSION,
+    Commit: Machine.VERSION,
+    Abort: Machine.VERSION,
+    ClaimReclaim: Machine.VERSION,
+    RecordPrepared: Machine.ATTEMPT,
+    RecordReady: Machine.ATTEMPT,
+    RecordUnknown: Machine.ATTEMPT,
+    RecordCleaned: Machine.ATTEMPT,
+    OpenSession: Machine.SESSION,
+    BindFirst: Machine.SESSION,
+    BeginClose: Machine.SESSION,
+    CloseAndRelease: Machine.SESSION,
+    ConfirmReclaim: Machine.RECLAIM,
+    EngineRestarted: Machine.ENGINE,
+    BeginStaging: Machine.ADAPTER,
+    ReceiveBucket: Machine.ADAPTER,
+    EndStaging: Machine.ADAPTER,
+    CleanupAttempt: Machine.ADAPTER,
+    AcquireRequest: Machine.ADAPTER,
+    ReleaseRequest: Machine.ADAPTER,
+    ReclaimAdapter: Machine.ADAPTER,
+    FinishUnload: Machine.ADAPTER,
+    EngineStarted: Machine.PROCESS,
+}
+EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in EVENT_MACHINE}
+REGISTRY_EVENT_TYPES: tuple[type, ...] = tuple(
+    c for c, m in EVENT_MACHINE.items() if m not in (Machine.ADAPTER, Machine.PROCESS)
+)
+ENGINE_EVENT_TYPES: tuple[type, ...] = tuple(
+    c for c, m in EVENT_MACHINE.items() if m in (Machine.ADAPTER, Machine.PROCESS)
+)
