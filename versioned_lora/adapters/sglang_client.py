@@ -115,10 +115,10 @@ class SGLangClient:
             raise EngineHTTPError(response.status_code, response.text)
 
     # ---- managed endpoints (versioned_lora.sglang_patches.managed.endpoints)
-    async def managed(self, operation: str, timeout_s: float | None = None, **body: Any) -> dict[str, Any]:
+    async def managed(self, operation: str, http_timeout_s: float | None = None, **body: Any) -> dict[str, Any]:
         """POST /versioned_lora/<operation>. Returns the envelope (incarnation, result, adapter) or
         raises ManagedRefusal; a lost reply raises UnknownOutcome."""
-        response = await self._post(f"/versioned_lora/{operation}", body, timeout_s)
+        response = await self._post(f"/versioned_lora/{operation}", body, http_timeout_s)
         payload: dict[str, Any] = response.json()
         if response.status_code != 200:
             error = payload.get("error", {})

@@ -12,6 +12,7 @@ server's pid and this engine incarnation.
 
 from __future__ import annotations
 
+import inspect
 import os
 import time
 from collections.abc import Callable
@@ -27,7 +28,7 @@ INCARNATION = time.time_ns()
 STARTED_AT = time.time()
 
 # Other patch sets add sections to the status (the managed patch adds its adapters and audit).
-STATUS_EXTENSIONS: list[Callable[[Any], dict[str, Any]]] = []
+STATUS_EXTENSIONS: list[Callable[[Any], Any]] = []  # each returns a dict or an awaitable of one
 
 
 def lora_registry_snapshot(tokenizer_manager: Any) -> dict[str, Any]:
@@ -53,14 +54,18 @@ def lora_registry_snapshot(tokenizer_manager: Any) -> dict[str, Any]:
     return {"adapters": adapters, "draining": draining}
 
 
-def status_payload(tokenizer_manager: Any) -> dict[str, Any]:
+async def status_payload(tokenizer_manager: Any) -> dict[str, Any]:
+    sections: dict[str, Any] = {}
+    for extension in STATUS_EXTENSIONS:
+        section = extension(tokenizer_manager)
+        sections.update(await section if inspect.isawaitable(section) else section)
     return {
         "pid": os.getpid(),
         "incarnation": INCARNATION,
         "started_at": STARTED_AT,
         "patches": [record.target for record in applied_patches()],
         **lora_registry_snapshot(tokenizer_manager),
-        **{k: v for extension in STATUS_EXTENSIONS for k, v in extension(tokenizer_manager).items()},
+        **sections,
     }
 
 
@@ -73,6 +78,6 @@ def apply(role: str) -> None:
         return
 
     async def versioned_lora_status() -> dict[str, Any]:
-        return status_payload(http_server.get_global_state().tokenizer_manager)
+        return await status_payload(http_server.get_global_state().tokenizer_manager)
 
     http_server.app.add_api_route(STATUS_PATH, versioned_lora_status, methods=["GET"])

@@ -18,15 +18,20 @@ import attrs
 from fastapi import Request  # module level: FastAPI resolves the endpoint's annotation here
 
 from versioned_lora.adapters.manifest import Manifest, ManifestError
-from versioned_lora.sglang_patches.managed import audit
+from versioned_lora.adapters.transfer import BucketPlan, TransferError
+from versioned_lora.sglang_patches.managed import audit, scheduler_client
 from versioned_lora.sglang_patches.managed.engine_side import EngineOperationError, ManagedEngine, ProtocolRefusal
 from versioned_lora.sglang_patches.managed.guards import is_managed_name
-from versioned_lora.sglang_patches.managed.staging import DiskSource
+from versioned_lora.sglang_patches.managed.scheduler_client import SchedulerCallFailed
+from versioned_lora.sglang_patches.managed.staging import DiskSource, DistributedSource, StagingFailed, StagingSource
 
 PREFIX = "/versioned_lora"
 TOKEN_ENV = "VERSIONED_LORA_TOKEN"
 TOKEN_HEADER = "x-versioned-lora-token"
 MAX_CONTROL_BODY = 64 * 1024  # control messages are small; tensors travel over torch.distributed
+MAX_BUCKET_BYTES = 512 * 1024 * 1024  # one bucket is one flat receive buffer in the scheduler
+DEFAULT_BUCKET_DEADLINE_S = 30.0
+SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 
 
 class BadRequest(Exception):
@@ -54,7 +59,25 @@ def _managed_name(body: dict[str, Any]) -> str:
 class ManagedAPI:
     engine: ManagedEngine
 
-    def begin(self, body: dict[str, Any]) -> Any:
+    async def init_group(self, body: dict[str, Any]) -> Any:
+        """Join this engine's two-rank transfer group (rank 1); the publisher joins as rank 0
+        concurrently. One group per engine incarnation, so one engine's death cannot break another's."""
+        name = _field(body, "group_name", str)
+        if str(self.engine.incarnation) not in name:
+            raise BadRequest(
+                "STALE_INCARNATION", f"group {name!r} is not named for incarnation {self.engine.incarnation}", 409
+            )
+        timeout_s = float(_field(body, "timeout_s", int | float))
+        await scheduler_client.call(self.engine.tm, "init_group", name=name,
+                                    master_address=_field(body, "master_address", str),
+                                    master_port=_field(body, "master_port", int), timeout_s=timeout_s)
+        answer = await scheduler_client.poll(self.engine.tm, "poll_group", lambda a: a["state"] != "JOINING",
+                                             timeout_s, interval_s=0.02, name=name)
+        if answer is None or answer["state"] != "READY":
+            raise BadRequest("GROUP_FAILED", f"transfer group {name!r} did not form: {answer}", status=502)
+        return {"group": name, "state": "READY"}
+
+    async def begin(self, body: dict[str, Any]) -> Any:
         name = _managed_name(body)
         try:
             manifest = Manifest.from_json(_field(body, "manifest", str))
@@ -63,18 +86,60 @@ class ManagedAPI:
         digest = _field(body, "digest", str)
         if manifest.digest != digest:
             raise BadRequest("DIGEST_MISMATCH", f"manifest digest {manifest.digest} != declared {digest}")
-        source_path = body.get("source_path")
-        if source_path is None:
-            raise BadRequest("MALFORMED_REQUEST", "begin needs a source (source_path, or a bucket plan)")
-        source = DiskSource(
-            lora_name=name,
-            attempt_token=_field(body, "attempt_token", str),
-            incarnation=_field(body, "incarnation", int),
-            digest=digest,
-            manifest=manifest,
-            path=Path(_field(body, "source_path", str)),
-        )
-        return self.engine.begin(source)
+        identity = {
+            "lora_name": name,
+            "attempt_token": _field(body, "attempt_token", str),
+            "incarnation": _field(body, "incarnation", int),
+            "digest": digest,
+            "manifest": manifest,
+        }
+        self._check_resources(manifest, identity)
+        source: StagingSource
+        if "source_path" in body:
+            source = DiskSource(**identity, path=Path(_field(body, "source_path", str)))
+        else:
+            plan = self._plan(body, manifest)
+            source = DistributedSource(
+                **identity, plan_json=plan.to_json(), bucket_count=len(plan.buckets),
+                group_name=_field(body, "group_name", str),
+                bucket_deadline_s=float(body.get("bucket_deadline_s", DEFAULT_BUCKET_DEADLINE_S)),
+            )
+        return await self.engine.begin(source)
+
+    def _plan(self, body: dict[str, Any], manifest: Manifest) -> BucketPlan:
+        max_bucket_bytes = _field(body, "max_bucket_bytes", int)
+        if not 0 < max_bucket_bytes <= MAX_BUCKET_BYTES:
+            raise BadRequest("BUCKET_TOO_LARGE", f"max_bucket_bytes {max_bucket_bytes} not in (0, {MAX_BUCKET_BYTES}]")
+        try:
+            plan = BucketPlan.build(manifest, max_bucket_bytes)
+        except TransferError as exc:
+            raise BadRequest("BUCKET_TOO_LARGE", str(exc)) from exc
+        if plan.digest() != _field(body, "plan_digest", str):
+            raise BadRequest("PLAN_MISMATCH", "the publisher's bucket plan differs from the one rebuilt here")
+        return plan
+
+    def _check_resources(self, manifest: Manifest, identity: dict[str, Any]) -> None:
+        """PREPARED only if this engine can hold the candidate: a free pinned slot, a rank and target
+        modules the server was started for, and dtypes its LoRA loader takes."""
+        from sglang.srt.runtime_context import get_lora
+
+        adapter = self.engine.adapter(identity["lora_name"])
+        if adapter is not None and adapter.attempt_token == identity["attempt_token"]:
+            return  # a replayed begin: the table answers it
+        lora = get_lora()
+        config = manifest.serving_config
+        if int(config.get("r", 0)) > int(lora.max_lora_rank or 0):
+            raise BadRequest("UNSUPPORTED_ADAPTER", f"rank {config.get('r')} > max_lora_rank {lora.max_lora_rank}")
+        served = set(lora.lora_target_modules or ())
+        wanted = set(config.get("target_modules") or ())
+        if served and "all" not in served and not wanted <= served:
+            raise BadRequest("UNSUPPORTED_ADAPTER", f"target modules {sorted(wanted - served)} not served here")
+        dtypes = {entry.dtype for entry in manifest.tensors}
+        if not dtypes <= SUPPORTED_DTYPES:
+            raise BadRequest("UNSUPPORTED_ADAPTER", f"dtypes {sorted(dtypes - SUPPORTED_DTYPES)} not supported")
+        if lora.max_loaded_loras is not None and self.engine.staging_reservations() >= lora.max_loaded_loras - 1:
+            # One slot stays free for the stock path (RFC: 2 pinned managed + 1 free of 3).
+            raise BadRequest("NO_FREE_SLOT", "every managed slot on this engine is taken", status=409)
 
     async def receive_bucket(self, body: dict[str, Any]) -> Any:
         return await self.engine.receive_bucket(
@@ -144,6 +209,11 @@ def install(app: Any, engine: ManagedEngine) -> None:
                                             "message": str(exc)})
             except EngineOperationError as exc:
                 return envelope(500, error={"reason": exc.code, "message": str(exc)})
+            except StagingFailed as exc:
+                return envelope(504 if exc.code == "BUCKET_DEADLINE" else 502,
+                                error={"reason": exc.code, "message": str(exc)})
+            except SchedulerCallFailed as exc:
+                return envelope(500, error={"reason": "SCHEDULER_CALL_FAILED", "message": str(exc)})
             except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
                 return envelope(400, error={"reason": "MALFORMED_REQUEST", "message": str(exc)})
             return envelope(200, result=_to_json(result), adapter=_adapter_view(engine, body))
@@ -151,6 +221,7 @@ def install(app: Any, engine: ManagedEngine) -> None:
         return endpoint
 
     for path, handler in {
+        "init_group": api.init_group,
         "begin": api.begin,
         "receive_bucket": api.receive_bucket,
         "end": api.end,
@@ -165,5 +236,9 @@ def _adapter_view(engine: ManagedEngine, body: dict[str, Any]) -> Any:
     return next((a for a in engine.status()["managed"] if a["name"] == name), None)
 
 
-def status_extension(engine: ManagedEngine) -> dict[str, Any]:
-    return {**engine.status(), "audit": audit.snapshot()}
+async def status_extension(engine: ManagedEngine) -> dict[str, Any]:
+    try:
+        scheduler = await scheduler_client.call(engine.tm, "status")
+    except SchedulerCallFailed as exc:
+        scheduler = {"error": str(exc)}
+    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler}

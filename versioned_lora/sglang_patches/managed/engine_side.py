@@ -123,7 +123,7 @@ class ManagedEngine:
             self.step(ReleaseRequest(name))
 
     # ---------------------------------------------------------------- staging
-    def begin(self, source: StagingSource) -> Any:
+    async def begin(self, source: StagingSource) -> Any:
         result, effects = self.step_or_refuse(
             BeginStaging(source.lora_name, source.attempt_token, source.incarnation, source.digest,
                          source.bucket_count)
@@ -131,8 +131,13 @@ class ManagedEngine:
         for effect in effects:
             if isinstance(effect, AllocateStash):
                 self.sources[(source.lora_name, source.attempt_token)] = source
-                source.allocate()
+                await source.allocate(self.tm)
         return result
+
+    def staging_reservations(self) -> int:
+        """Managed adapters that hold or will hold a pinned slot on this engine."""
+        holding = {AdapterState.STAGING, AdapterState.READY, AdapterState.UNREGISTERED, AdapterState.DRAINING}
+        return sum(1 for adapter in self.state.adapters.values() if adapter.state in holding)
 
     async def receive_bucket(self, name: str, attempt_token: str, incarnation: int, index: int) -> Any:
         result, effects = self.step_or_refuse(ReceiveBucket(name, attempt_token, incarnation, index))

@@ -5,8 +5,8 @@ cleanup); a source only knows how to receive, verify, materialise and free its w
 
 - `DiskSource`: a PEFT adapter directory already on this host (bootstrap from a checkpoint, and
   the tests of the protection rules). No buckets.
-- the distributed source (buckets over the engine's torch.distributed group into a per-attempt
-  stash in the scheduler) lives in `distributed_staging.py`.
+- `DistributedSource`: buckets over this engine's two-rank torch.distributed group into a
+  per-attempt stash in the scheduler process (`scheduler_side.StashStore`).
 
 Both verify the weights *as they will be loaded* against the manifest fixed at begin (names,
 shapes, dtypes, per-tensor SHA-256, digest) before anything is loaded.
@@ -23,6 +23,7 @@ from typing import Any, Protocol
 import attrs
 
 from versioned_lora.adapters.manifest import Manifest, ManifestError
+from versioned_lora.sglang_patches.managed import scheduler_client
 
 
 @attrs.frozen
@@ -39,7 +40,7 @@ class StagingSource(Protocol):
     bucket_count: int
     manifest: Manifest
 
-    def allocate(self) -> None: ...
+    async def allocate(self, tokenizer_manager: Any) -> None: ...
 
     async def stash_bucket(self, tokenizer_manager: Any, index: int) -> None: ...
 
@@ -63,7 +64,7 @@ class DiskSource:
     # happens to the original directory afterwards.
     private_copy: Path | None = None
 
-    def allocate(self) -> None:
+    async def allocate(self, tokenizer_manager: Any) -> None:
         return None
 
     async def stash_bucket(self, tokenizer_manager: Any, index: int) -> None:
@@ -97,3 +98,68 @@ class DiskSource:
     async def free(self, tokenizer_manager: Any) -> None:
         if self.private_copy is not None:
             shutil.rmtree(self.private_copy, ignore_errors=True)
+
+
+class StagingFailed(Exception):
+    """A bucket missed its deadline or its collective failed; typed for the caller."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+@attrs.define
+class DistributedSource:
+    lora_name: str
+    attempt_token: str
+    incarnation: int
+    digest: str
+    manifest: Manifest
+    plan_json: str
+    bucket_count: int
+    group_name: str
+    bucket_deadline_s: float
+    verify_deadline_s: float = 600.0
+    loaded_from: str | None = None
+
+    async def allocate(self, tokenizer_manager: Any) -> None:
+        await scheduler_client.call(
+            tokenizer_manager, "allocate", attempt=self.attempt_token, plan_json=self.plan_json,
+            manifest_json=self.manifest.to_json(), group=self.group_name,
+        )
+
+    async def stash_bucket(self, tokenizer_manager: Any, index: int) -> None:
+        # The scheduler posts an async receive and returns at once; we poll it here, in the server,
+        # so a publisher that stalls costs the scheduler nothing but the polls.
+        await scheduler_client.call(tokenizer_manager, "start_receive", attempt=self.attempt_token, index=index)
+        answer = await scheduler_client.poll(
+            tokenizer_manager, "poll_receive", lambda a: a["state"] != "PENDING", self.bucket_deadline_s,
+            attempt=self.attempt_token, index=index,
+        )
+        if answer is None:
+            # Dropping the group releases the pending receive (gloo) and makes the publisher's send
+            # fail fast; a later attempt re-creates the group.
+            await scheduler_client.call(tokenizer_manager, "drop_group", name=self.group_name)
+            raise StagingFailed("BUCKET_DEADLINE", f"bucket {index} did not arrive within {self.bucket_deadline_s}s")
+        if answer["state"] != "STASHED":
+            raise StagingFailed("BUCKET_FAILED", f"bucket {index}: {answer}")
+
+    async def verify(self, tokenizer_manager: Any) -> Verdict:
+        await scheduler_client.call(tokenizer_manager, "start_verify", attempt=self.attempt_token, digest=self.digest)
+        answer = await scheduler_client.poll(
+            tokenizer_manager, "poll_verify", lambda a: a["state"] == "DONE", self.verify_deadline_s,
+            interval_s=0.01, attempt=self.attempt_token,
+        )
+        if answer is None:
+            return Verdict(False, "verification did not finish in time")
+        if not answer["ok"]:
+            return Verdict(False, answer["detail"])
+        self.loaded_from = answer["path"]
+        return Verdict(True)
+
+    async def materialise(self, tokenizer_manager: Any) -> str:
+        assert self.loaded_from is not None, "materialise before verify"
+        return self.loaded_from
+
+    async def free(self, tokenizer_manager: Any) -> None:
+        await scheduler_client.call(tokenizer_manager, "free", attempt=self.attempt_token)

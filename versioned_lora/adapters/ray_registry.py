@@ -1,0 +1,326 @@
+"""The shared single-writer registry (RFC §2): the lifecycle core behind a durable journal, in-process
+(`RegistryCore`, `LocalRegistry`) or as a named Ray actor (`create_registry_actor`, `RayRegistry`).
+
+The actor runs `RegistryCore` with `max_concurrency=1`, so calls are applied one at a time in arrival
+order; it only steps the pure core and writes its SQLite journal. It never awaits network, NCCL,
+probes or unloads: the effects the core returns go back to the caller, who carries them out.
+
+A call is acknowledged only after its journal row is durable, and the in-memory state advances only
+then. `max_restarts` brings a killed actor back; the new process replays the journal to exactly the
+state after the last durable call, and a retried key is answered from the journal, not re-applied.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import time
+import uuid
+from collections import OrderedDict
+from collections.abc import Collection, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from versioned_lora.adapters.journal import Journal, state_digest
+from versioned_lora.lifecycle import RegistryEvent, RegistryState, VersionKey, VersionState, initial_state, step
+from versioned_lora.runtime.interfaces import (
+    MAX_BATCH,
+    BatchTooLarge,
+    IdempotencyKeyReused,
+    RegistryAnswer,
+    RegistryError,
+    RegistryUnavailable,
+)
+
+REGISTRY_ACTOR_NAME = "versioned_lora_registry"
+REGISTRY_NAMESPACE = "versioned_lora"
+DEFAULT_CHECKPOINT_EVERY = 50_000  # events between checkpoints: bounds replay time after a restart
+DEFAULT_ANSWER_CACHE = 4096  # recent calls answered from memory; older retried keys hit the journal index
+
+
+def new_key(prefix: str = "call") -> str:
+    return f"{prefix}:{uuid.uuid4().hex}"
+
+
+@attrs.frozen
+class RecoveryReport:
+    replayed_calls: int
+    seconds: float
+    last_seq: int
+
+
+# Where an armed fault holds the actor (test-only fault injection: a real process cannot be made to
+# stop at an exact point of a call on demand, so the actor pauses there and the test kill -9s it).
+FAULT_POINTS = ("mid_batch", "before_commit", "after_commit")
+
+
+@attrs.define
+class _Fault:
+    point: str
+    after_events: int
+    hold_s: float
+    marker: str | None
+
+    def hit(self) -> None:
+        if self.marker:
+            Path(self.marker).write_text(str(os.getpid()))
+        time.sleep(self.hold_s)
+
+
+class RegistryCore:
+    """The registry as a plain class: the core's state, its journal, idempotent calls."""
+
+    def __init__(
+        self,
+        journal_path: str | Path,
+        engines: Sequence[str] = ("E0", "E1"),
+        capacity: int = 2,
+        epoch: int = 0,
+        checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+        answer_cache: int = DEFAULT_ANSWER_CACHE,
+    ) -> None:
+        started = time.perf_counter()
+        self._journal = Journal(journal_path)
+        initial = initial_state(engines=engines, capacity=capacity, epoch=epoch)
+        self._journal.bind_config(initial.config)
+        self._state, replayed = self._journal.recover(initial, step)
+        self._next_seq = self._journal.next_seq()
+        self._checkpoint_every = checkpoint_every
+        self._events_since_checkpoint = 0
+        self._recent: OrderedDict[str, tuple[tuple[RegistryEvent, ...], tuple[RegistryAnswer, ...]]] = OrderedDict()
+        self._answer_cache = answer_cache
+        self._fault: _Fault | None = None
+        self.recovery = RecoveryReport(replayed, time.perf_counter() - started, self._next_seq - 1)
+
+    # ---- calls
+    def submit(self, key: str, event: RegistryEvent) -> RegistryAnswer:
+        return self.submit_batch(key, (event,))[0]
+
+    def submit_batch(self, key: str, events: Sequence[RegistryEvent]) -> tuple[RegistryAnswer, ...]:
+        """Apply `events` in order as one call. Atomic: a ProtocolError on any event (a bug) leaves the
+        state and the journal untouched. A call that changes nothing is answered without a journal row."""
+        events = tuple(events)
+        if len(events) > MAX_BATCH:
+            raise BatchTooLarge(len(events))
+        answered = self._answered(key, events)
+        if answered is not None:
+            return answered
+        state = self._state
+        steps = []
+        for index, event in enumerate(events):
+            state, result, effects = step(state, event)
+            steps.append((result, tuple(effects)))
+            self._maybe_fault("mid_batch", index + 1)
+        if state is self._state:  # every row was a keep row: no effect to protect, no fsync
+            return tuple(RegistryAnswer(result, effects, None) for result, effects in steps)
+        seq = self._next_seq
+        answers = tuple(RegistryAnswer(result, effects, seq) for result, effects in steps)
+        self._journal.append(seq, key, events, answers, before_commit=lambda: self._maybe_fault("before_commit"))
+        # Only now, with the row durable, does the state move and the call become answerable.
+        self._next_seq = seq + 1
+        self._state = state
+        self._remember(key, events, answers)
+        self._events_since_checkpoint += len(events)
+        if self._events_since_checkpoint >= self._checkpoint_every:
+            self._journal.checkpoint(seq, state)
+            self._events_since_checkpoint = 0
+        self._maybe_fault("after_commit")
+        return answers
+
+    def _answered(self, key: str, events: tuple[RegistryEvent, ...]) -> tuple[RegistryAnswer, ...] | None:
+        hit = self._recent.get(key)
+        if hit is None:
+            stored = self._journal.lookup(key)
+            if stored is None:
+                return None
+            hit = (stored.events, stored.answers)
+        if hit[0] != events:
+            raise IdempotencyKeyReused(f"key {key!r} was used for other events")
+        return tuple(attrs.evolve(answer, from_journal=True) for answer in hit[1])
+
+    def _remember(self, key: str, events: tuple[RegistryEvent, ...], answers: tuple[RegistryAnswer, ...]) -> None:
+        self._recent[key] = (events, answers)
+        if len(self._recent) > self._answer_cache:
+            self._recent.popitem(last=False)
+
+    # ---- read-only queries
+    def version_states(self, versions: Collection[VersionKey]) -> dict[VersionKey, VersionState]:
+        known = self._state.versions
+        return {v: known[v].state for v in versions if v in known}
+
+    def state(self) -> RegistryState:
+        return self._state
+
+    def state_digest(self) -> str:
+        return state_digest(self._state)
+
+    def journal_stats(self) -> dict[str, int]:
+        return {**self._journal.stats(), "replayed_calls": self.recovery.replayed_calls}
+
+    def recovery_report(self) -> RecoveryReport:
+        return self.recovery
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def close(self) -> None:
+        self._journal.close()
+
+    # ---- test-only fault injection
+    def arm_fault(self, point: str, after_events: int = 1, hold_s: float = 30.0, marker: str | None = None) -> None:
+        """Hold the next call at `point` (after `after_events` events for mid_batch) for `hold_s`
+        seconds, writing this process's pid to `marker` first. Not persisted: a restart disarms it."""
+        if point not in FAULT_POINTS:
+            raise ValueError(f"unknown fault point {point!r}; one of {FAULT_POINTS}")
+        self._fault = _Fault(point, after_events, hold_s, marker)
+
+    def _maybe_fault(self, point: str, events_done: int = 0) -> None:
+        fault = self._fault
+        if fault is None or fault.point != point or (point == "mid_batch" and events_done != fault.after_events):
+            return
+        self._fault = None
+        fault.hit()
+
+
+class LocalRegistry:
+    """`RegistryPort` over an in-process `RegistryCore` (tools, single-process runs, tests without
+    Ray). Calls run on the event loop: a journal write blocks it for one fsync."""
+
+    def __init__(self, core: RegistryCore) -> None:
+        self.core = core
+
+    async def submit(self, event: RegistryEvent, key: str | None = None) -> RegistryAnswer:
+        return self.core.submit(key or new_key(), event)
+
+    async def submit_batch(self, events: Sequence[RegistryEvent], key: str | None = None) -> tuple[RegistryAnswer, ...]:
+        return self.core.submit_batch(key or new_key("batch"), events)
+
+    async def version_states(self, versions: Collection[VersionKey]) -> dict[VersionKey, VersionState]:
+        return self.core.version_states(versions)
+
+    async def state_digest(self) -> str:
+        return self.core.state_digest()
+
+
+# ---- Ray ---------------------------------------------------------------------------------------------------------
+
+
+def create_registry_actor(
+    journal_path: str | Path,
+    *,
+    engines: Sequence[str] = ("E0", "E1"),
+    capacity: int = 2,
+    epoch: int = 0,
+    name: str = REGISTRY_ACTOR_NAME,
+    namespace: str = REGISTRY_NAMESPACE,
+    detached: bool = False,
+    max_restarts: int = -1,
+    checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+    options: dict[str, Any] | None = None,
+) -> Any:
+    """Create (or get, if it already exists) the named registry actor and wait until it has recovered.
+
+    `journal_path` must survive the actor's process: on a multi-node cluster pin the actor to one node
+    (`options={"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}`) or put the
+    journal on a shared filesystem. `max_task_retries=0`: a call in flight when the actor dies fails to
+    its caller, who retries it with the same key (RayRegistry does), so nothing is applied twice."""
+    import ray
+
+    actor_options: dict[str, Any] = {
+        "name": name,
+        "namespace": namespace,
+        "max_concurrency": 1,  # the single writer: calls are applied one at a time
+        "max_restarts": max_restarts,
+        "max_task_retries": 0,
+        "num_cpus": 0,  # it is I/O-light bookkeeping; never let it wait for a CPU slot
+        "get_if_exists": True,
+        **({"lifetime": "detached"} if detached else {}),
+        **(options or {}),
+    }
+    handle = (
+        ray.remote(RegistryCore)
+        .options(**actor_options)
+        .remote(str(journal_path), tuple(engines), capacity, epoch, checkpoint_every)
+    )
+    ray.get(handle.pid.remote())
+    return handle
+
+
+def find_registry_actor(name: str = REGISTRY_ACTOR_NAME, namespace: str = REGISTRY_NAMESPACE) -> Any:
+    import ray
+
+    return ray.get_actor(name, namespace=namespace)
+
+
+class RayRegistry:
+    """`RegistryPort` over the registry actor. A call whose actor died or is restarting is retried
+    with the same idempotency key until `retry_deadline_s`; then `RegistryUnavailable` (unknown whether
+    it was applied; the caller may retry the same key later)."""
+
+    def __init__(self, handle: Any, retry_deadline_s: float = 60.0, backoff_s: float = 0.05) -> None:
+        self.handle = handle
+        self._deadline_s = retry_deadline_s
+        self._backoff_s = backoff_s
+
+    @classmethod
+    def find(cls, name: str = REGISTRY_ACTOR_NAME, namespace: str = REGISTRY_NAMESPACE, **kwargs: Any) -> RayRegistry:
+        return cls(find_registry_actor(name, namespace), **kwargs)
+
+    async def submit(self, event: RegistryEvent, key: str | None = None) -> RegistryAnswer:
+        key = key or new_key()
+        answer: RegistryAnswer = await self._call(lambda: self.handle.submit.remote(key, event))
+        return answer
+
+    async def submit_batch(self, events: Sequence[RegistryEvent], key: str | None = None) -> tuple[RegistryAnswer, ...]:
+        events = tuple(events)
+        if len(events) > MAX_BATCH:
+            raise BatchTooLarge(len(events))  # refused here: no round trip for a call the actor refuses
+        key = key or new_key("batch")
+        answers: tuple[RegistryAnswer, ...] = await self._call(lambda: self.handle.submit_batch.remote(key, events))
+        return answers
+
+    async def version_states(self, versions: Collection[VersionKey]) -> dict[VersionKey, VersionState]:
+        wanted = tuple(versions)
+        states: dict[VersionKey, VersionState] = await self._call(lambda: self.handle.version_states.remote(wanted))
+        return states
+
+    async def state_digest(self) -> str:
+        digest: str = await self._call(lambda: self.handle.state_digest.remote())
+        return digest
+
+    async def _call(self, make_ref: Any) -> Any:
+        import ray
+
+        deadline = time.monotonic() + self._deadline_s
+        while True:
+            try:
+                return await make_ref()
+            except ray.exceptions.RayTaskError as exc:
+                # An exception raised by the core (ProtocolError, BatchTooLarge, ...): surface it as itself.
+                cause = exc.cause
+                if isinstance(cause, BaseException):
+                    raise cause from None
+                raise
+            except ray.exceptions.RayActorError as exc:
+                # The actor died (kill -9, node loss) or is restarting: the call may or may not be in the
+                # journal. Retrying the same key is answered from the journal if it was, applied if not.
+                if time.monotonic() >= deadline:
+                    raise RegistryUnavailable(f"registry actor unavailable for {self._deadline_s}s: {exc}") from exc
+                await asyncio.sleep(self._backoff_s)
+
+
+__all__ = [
+    "FAULT_POINTS",
+    "REGISTRY_ACTOR_NAME",
+    "REGISTRY_NAMESPACE",
+    "LocalRegistry",
+    "RayRegistry",
+    "RecoveryReport",
+    "RegistryCore",
+    "RegistryError",
+    "create_registry_actor",
+    "find_registry_actor",
+    "new_key",
+]

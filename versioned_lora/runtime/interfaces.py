@@ -1,0 +1,127 @@
+"""The ports the runtime speaks through (DESIGN.md §4): typing Protocols the runtime defines and the
+adapters implement. Imports point toward the core: this module imports `lifecycle`, never `adapters`.
+
+* `RegistryPort`: the single-writer registry (a Ray actor in production, an in-process core in tests
+  and tools). Every call carries an idempotency key; the same key retried after a lost reply or a
+  registry restart is answered from the registry's journal, never applied twice.
+* `GenerationBackend`: the engine-facing generate/abort call (SGLang over HTTP in production). It must
+  never resend on its own: a lost reply is `OutcomeUnknown`, a certain refusal is `BackendFailure`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+from versioned_lora.lifecycle import RegistryEffect, RegistryEvent, RegistryResult, VersionKey, VersionState
+
+# One registry call applies at most this many events (one journal transaction, one fsync). The bound
+# keeps a call's latency and the actor's pause for other callers short; callers with more split.
+MAX_BATCH = 256
+
+
+@attrs.frozen
+class RegistryAnswer:
+    """What the registry answers for one event: the core's result and the effects the caller must
+    carry out (the registry itself never performs I/O beyond its journal)."""
+
+    result: RegistryResult
+    effects: tuple[RegistryEffect, ...]
+    journal_seq: int | None  # the journal row that holds this call; None if the call changed nothing
+    from_journal: bool = False  # True when a retried key was answered from the journal, not re-applied
+
+
+# ---- errors of the registry port ----
+
+
+class RegistryError(Exception):
+    """Base class of the registry port's errors (expected refusals are `Rejected` results instead)."""
+
+
+class BatchTooLarge(RegistryError, ValueError):
+    """More than MAX_BATCH events in one call; nothing was applied."""
+
+    def __init__(self, size: int) -> None:
+        super().__init__(f"batch of {size} events exceeds MAX_BATCH={MAX_BATCH}; split it")
+        self.size = size
+
+
+class IdempotencyKeyReused(RegistryError):
+    """The key was already used for different events: a caller bug, never answered from the journal."""
+
+
+class RegistryUnavailable(RegistryError):
+    """The registry did not answer within the caller's deadline (e.g. its actor is restarting). The call
+    may or may not have been applied; retrying with the same key is safe and resolves it."""
+
+
+@runtime_checkable
+class RegistryPort(Protocol):
+    async def submit(self, event: RegistryEvent, key: str | None = None) -> RegistryAnswer:
+        """Apply one event. `key` defaults to a fresh one; pass the same key to retry the same call."""
+        ...
+
+    async def submit_batch(self, events: Sequence[RegistryEvent], key: str | None = None) -> tuple[RegistryAnswer, ...]:
+        """Apply up to MAX_BATCH events atomically, in order, with one journal write (one fsync).
+        Raises BatchTooLarge above MAX_BATCH; a ProtocolError (a bug) on any event applies none."""
+        ...
+
+    async def version_states(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, VersionState]:
+        """Read-only: the current state of each known version (unknown versions are left out)."""
+        ...
+
+    async def state_digest(self) -> str:
+        """SHA-256 of the canonical encoding of the registry state (equal states, equal digests, in
+        any process)."""
+        ...
+
+
+# ---- the engine-facing port ----
+
+
+@attrs.frozen
+class BackendRequest:
+    """One backend generation attempt. `rid` is unique per attempt; `lora_path` is the session's bound,
+    immutable lora_name and is never rewritten below the session layer."""
+
+    rid: str
+    input_ids: tuple[int, ...]
+    lora_path: str
+    max_new_tokens: int
+    sampling: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class BackendResponse:
+    rid: str
+    output_ids: tuple[int, ...]
+    logprobs: tuple[float, ...]
+    finish_reason: str  # "stop" | "length" | "abort" (a temporarily aborted request returns its partial output)
+    cached_tokens: int = 0
+
+
+class OutcomeUnknown(Exception):
+    """The backend may or may not have accepted the request (timeout, lost connection). Never resent
+    automatically; the agentic layer must resolve it (e.g. abort the rid) before a new attempt."""
+
+
+class BackendFailure(Exception):
+    """The backend certainly refused or failed the request (an HTTP error status, a refused version):
+    the agentic layer may retry with a new attempt."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+@runtime_checkable
+class GenerationBackend(Protocol):
+    async def generate(self, request: BackendRequest) -> BackendResponse:
+        """Send once. Raises OutcomeUnknown or BackendFailure; never retries."""
+        ...
+
+    async def abort(self, rid: str) -> None:
+        """Ask the engine to end `rid` (a no-op for a finished or unknown rid)."""
+        ...

@@ -1,0 +1,243 @@
+"""The scheduler-process half of staging: transfer groups and per-attempt stashes.
+
+Nothing here ever blocks the scheduler's event loop on a peer: joining a group runs in a thread,
+and a bucket receive is an async collective (``transfer.start_receive_bucket``) polled by the
+server. While a publisher is slow or dead, the scheduler keeps scheduling and decoding; the server
+enforces the per-bucket deadline and, on a miss, asks us to drop the group (which releases the
+pending receive). Stashes hold received tensors only; serving weights are never touched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import shutil
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from versioned_lora.adapters.manifest import Manifest, ManifestError, verify_tensors
+from versioned_lora.adapters.transfer import (
+    BucketPlan,
+    PendingBucket,
+    destroy_transfer_group,
+    init_transfer_group,
+    start_receive_bucket,
+)
+from versioned_lora.sglang_patches.managed import ipc
+from versioned_lora.sglang_patches.mechanism import replace_attribute
+
+logger = logging.getLogger(__name__)
+
+PATCH_SET = "managed"
+
+
+@attrs.define
+class Group:
+    name: str
+    pg: Any = None
+    error: str | None = None
+    thread: threading.Thread | None = None
+
+
+@attrs.define
+class Stash:
+    plan: BucketPlan
+    manifest: Manifest
+    group: str
+    tensors: dict[str, Any] = attrs.field(factory=dict)
+    pending: dict[int, PendingBucket] = attrs.field(factory=dict)
+    received: set[int] = attrs.field(factory=set)
+    directory: Path | None = None
+    verifier: threading.Thread | None = None
+    verdict: dict[str, Any] | None = None
+
+
+class StashStore:
+    """Everything staging keeps in the scheduler process, keyed by group name and attempt token."""
+
+    def __init__(self, device: str) -> None:
+        self.device = device
+        self.groups: dict[str, Group] = {}
+        self.stashes: dict[str, Stash] = {}
+        self.collectives = 0  # receives started: a duplicate receive must not add one
+
+    # ---- groups
+    def init_group(self, name: str, master_address: str, master_port: int, timeout_s: float) -> dict[str, Any]:
+        old = self.groups.pop(name, None)
+        if old is not None and old.pg is not None:
+            destroy_transfer_group(old.pg)
+        group = Group(name)
+
+        def join() -> None:
+            try:
+                group.pg = init_transfer_group(
+                    master_address=master_address, master_port=master_port, rank=1, group_name=name,
+                    device=self.device, timeout=datetime.timedelta(seconds=timeout_s),
+                )
+            except Exception as exc:  # reported through poll_group
+                group.error = f"{type(exc).__name__}: {exc}"
+
+        group.thread = threading.Thread(target=join, name=f"vlora-join-{name}", daemon=True)
+        group.thread.start()
+        self.groups[name] = group
+        return {"group": name}
+
+    def poll_group(self, name: str) -> dict[str, Any]:
+        group = self.groups.get(name)
+        if group is None:
+            return {"state": "ABSENT"}
+        if group.error is not None:
+            return {"state": "FAILED", "error": group.error}
+        return {"state": "READY" if group.pg is not None else "JOINING"}
+
+    def drop_group(self, name: str) -> dict[str, Any]:
+        group = self.groups.pop(name, None)
+        if group is not None and group.pg is not None:
+            destroy_transfer_group(group.pg)
+        for stash in self.stashes.values():
+            if stash.group == name:
+                stash.pending.clear()
+        return {"dropped": group is not None}
+
+    # ---- stashes
+    def allocate(self, attempt: str, plan_json: str, manifest_json: str, group: str) -> dict[str, Any]:
+        if attempt not in self.stashes:
+            self.stashes[attempt] = Stash(BucketPlan.from_json(plan_json), Manifest.from_json(manifest_json), group)
+        return {"buckets": len(self.stashes[attempt].plan.buckets)}
+
+    def start_receive(self, attempt: str, index: int) -> dict[str, Any]:
+        stash = self.stashes[attempt]
+        if index in stash.received or index in stash.pending:
+            return {"started": False}
+        group = self.groups.get(stash.group)
+        if group is None or group.pg is None:
+            raise RuntimeError(f"no transfer group {stash.group!r} on this engine incarnation")
+        stash.pending[index] = start_receive_bucket(group.pg, stash.plan, index, device=self.device)
+        self.collectives += 1
+        return {"started": True}
+
+    def poll_receive(self, attempt: str, index: int) -> dict[str, Any]:
+        stash = self.stashes[attempt]
+        if index in stash.received:
+            return {"state": "STASHED"}
+        pending = stash.pending.get(index)
+        if pending is None:
+            return {"state": "NOT_STARTED"}
+        if not pending.done():
+            return {"state": "PENDING"}
+        try:
+            tensors = pending.result(timeout=datetime.timedelta(seconds=1))
+        except Exception as exc:
+            stash.pending.pop(index, None)
+            return {"state": "FAILED", "error": f"{type(exc).__name__}: {exc}"}
+        stash.pending.pop(index, None)
+        stash.tensors.update(tensors)
+        stash.received.add(index)
+        return {"state": "STASHED"}
+
+    def start_verify(self, attempt: str, digest: str) -> dict[str, Any]:
+        """Hashing a large adapter takes seconds: do it in a thread so decode goes on meanwhile."""
+        stash = self.stashes[attempt]
+        if stash.verdict is None and stash.verifier is None:
+            stash.verifier = threading.Thread(
+                target=lambda: setattr(stash, "verdict", self._verify_and_write(stash, digest)),
+                name=f"vlora-verify-{attempt}", daemon=True,
+            )
+            stash.verifier.start()
+        return {"started": True}
+
+    def poll_verify(self, attempt: str) -> dict[str, Any]:
+        stash = self.stashes[attempt]
+        return {"state": "PENDING"} if stash.verdict is None else {"state": "DONE", **stash.verdict}
+
+    def _verify_and_write(self, stash: Stash, digest: str) -> dict[str, Any]:
+        """Check the stash against the manifest, write it as a PEFT directory, and check the
+        directory as it will be loaded (the bytes SGLang reads) against the digest again."""
+        from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir, snapshot_from_tensors
+
+        try:
+            verify_tensors(stash.manifest, stash.tensors, expected_digest=digest)
+            snapshot = snapshot_from_tensors(dict(stash.tensors), stash.manifest.serving_config)
+            directory = Path(tempfile.mkdtemp(prefix="versioned-lora-stash-", dir=_stash_root()))
+            shutil.rmtree(directory)
+            snapshot.save_adapter_dir(directory)
+            stash.directory = directory
+            as_loaded = snapshot_from_adapter_dir(directory)
+            verify_tensors(stash.manifest, as_loaded.tensors, expected_digest=digest)
+            if as_loaded.digest != digest:
+                return {"ok": False, "detail": f"written adapter digest {as_loaded.digest} != {digest}"}
+        except (ManifestError, ValueError, OSError) as exc:
+            return {"ok": False, "detail": str(exc)}
+        return {"ok": True, "path": str(directory)}
+
+    def free(self, attempt: str) -> dict[str, Any]:
+        stash = self.stashes.pop(attempt, None)
+        if stash is not None and stash.directory is not None:
+            shutil.rmtree(stash.directory, ignore_errors=True)
+        return {"freed": stash is not None}
+
+    def status(self) -> dict[str, Any]:
+        return {
+            "collectives": self.collectives,
+            "groups": {name: self.poll_group(name)["state"] for name in self.groups},
+            "stashes": {
+                attempt: {"received": sorted(s.received), "pending": sorted(s.pending), "group": s.group,
+                          "bytes": sum(t.numel() * t.element_size() for t in s.tensors.values())}
+                for attempt, s in self.stashes.items()
+            },
+        }
+
+
+def _stash_root() -> str | None:
+    shm = Path("/dev/shm")
+    return str(shm) if shm.is_dir() else None
+
+
+_store: StashStore | None = None
+
+
+def store() -> StashStore:
+    global _store
+    if _store is None:
+        import torch
+
+        _store = StashStore("cuda" if torch.cuda.is_available() else "cpu")
+    return _store
+
+
+def handle_call(call: ipc.VersionedLoraSchedulerCall) -> ipc.VersionedLoraSchedulerReply:
+    started = time.perf_counter()
+    try:
+        method = getattr(store(), call.method)
+        result = method(**ipc.decode(call.payload))
+        return ipc.VersionedLoraSchedulerReply(ok=True, payload=ipc.encode(result))
+    except Exception as exc:
+        logger.exception("versioned-lora scheduler call %s failed", call.method)
+        return ipc.VersionedLoraSchedulerReply(ok=False, payload=b"{}", error=f"{type(exc).__name__}: {exc}")
+    finally:
+        elapsed = time.perf_counter() - started
+        if elapsed > 0.05:
+            logger.warning("versioned-lora scheduler call %s took %.3fs", call.method, elapsed)
+
+
+def install() -> None:
+    """Scheduler role: register the IPC types and add our handler to the request dispatcher."""
+    from sglang.srt.managers.scheduler import Scheduler
+    from sglang.utils import TypeBasedDispatcher
+
+    ipc.register_types()
+    stock_init = Scheduler.init_request_dispatcher
+
+    def init_request_dispatcher(self: Any) -> None:
+        # Scheduler.init_request_dispatcher builds the TypeBasedDispatcher that routes every control
+        # request; ours is one more (type, handler) pair.
+        stock_init(self)
+        self._request_dispatcher += TypeBasedDispatcher([(ipc.VersionedLoraSchedulerCall, handle_call)])
+
+    replace_attribute(PATCH_SET, Scheduler, "init_request_dispatcher", init_request_dispatcher,
+                      why="route versioned-lora staging calls to scheduler_side")
