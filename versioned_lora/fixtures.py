@@ -108,7 +108,7 @@ def lora_adapter(name: str, model_dir: Path, root: Path | None = None, seed: int
         from peft import LoraConfig, get_peft_model
         from transformers import Qwen3ForCausalLM
 
-        base = Qwen3ForCausalLM.from_pretrained(model_dir, torch_dtype=torch.bfloat16)
+        base = Qwen3ForCausalLM.from_pretrained(model_dir, dtype=torch.bfloat16)
         torch.manual_seed(seed)
         config = LoraConfig(
             r=LORA_RANK,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import enum
 import hashlib
 import json
+import operator
 import pickle
 import sqlite3
 from collections.abc import Callable, Iterator, Sequence
@@ -60,37 +61,53 @@ _TYPES: dict[str, type] = {
     and (attrs.has(obj) or issubclass(obj, enum.Enum) or (issubclass(obj, tuple) and hasattr(obj, "_fields")))
 }
 _TYPES[RegistryAnswer.__name__] = RegistryAnswer
-_FIELDS: dict[type, tuple[str, ...]] = {}
-
-
-def _fields(cls: type) -> tuple[str, ...]:
-    names = _FIELDS.get(cls)
-    if names is None:
-        names = _FIELDS[cls] = tuple(f.name for f in attrs.fields(cls))
-    return names
+_Encoder = Callable[[Any], Any]
+_ENCODERS: dict[type, _Encoder] = {}
 
 
 def encode(value: Any) -> Any:
     """A JSON-able form of `value`. Lists are always tagged (`[tag, ...]`); scalars stay as they are.
-    Maps and frozensets are sorted by their items' canonical JSON, so equal values encode equally."""
-    if value is None or isinstance(value, bool | int | float) or type(value) is str:
-        return value
+    Maps and frozensets are sorted by their items' canonical JSON, so equal values encode equally.
+    One encoder per type, built on first use: the journal encodes every event and answer it writes."""
     cls = type(value)
-    if isinstance(value, enum.Enum):
-        return ["E", cls.__name__, value.value]
+    encoder = _ENCODERS.get(cls)
+    if encoder is None:
+        encoder = _ENCODERS[cls] = _encoder_for(cls)
+    return encoder(value)
+
+
+def _scalar(value: Any) -> Any:
+    return value
+
+
+def _encoder_for(cls: type) -> _Encoder:
+    if cls in (type(None), bool, int, float, str):
+        return _scalar
+    name = cls.__name__
+    if issubclass(cls, enum.Enum):
+        return lambda value: ["E", name, value.value]
     if attrs.has(cls):
-        return ["A", cls.__name__, [encode(getattr(value, name)) for name in _fields(cls)]]
-    if isinstance(value, tuple):
-        if hasattr(value, "_fields"):
-            return ["N", cls.__name__, [encode(v) for v in value]]
-        return ["T", [encode(v) for v in value]]
-    if isinstance(value, Map):
-        items = [[encode(k), encode(v)] for k, v in value.items()]
-        items.sort(key=lambda kv: _canonical(kv[0]))
-        return ["M", items]
-    if isinstance(value, frozenset):
-        return ["F", sorted((encode(v) for v in value), key=_canonical)]
-    raise TypeError(f"cannot encode {cls.__name__}: {value!r}")
+        fields = tuple(f.name for f in attrs.fields(cls))
+        if len(fields) == 1:
+            (only,) = fields
+            return lambda value: ["A", name, [encode(getattr(value, only))]]
+        getter = operator.attrgetter(*fields)
+        return lambda value: ["A", name, [encode(v) for v in getter(value)]]
+    if issubclass(cls, tuple):
+        if hasattr(cls, "_fields"):
+            return lambda value: ["N", name, [encode(v) for v in value]]
+        return lambda value: ["T", [encode(v) for v in value]]
+    if issubclass(cls, Map):
+        return _encode_map
+    if issubclass(cls, frozenset):
+        return lambda value: ["F", sorted((encode(v) for v in value), key=_canonical)]
+    raise TypeError(f"cannot encode {cls.__name__}")
+
+
+def _encode_map(value: Map[Any, Any]) -> Any:
+    items = [[encode(k), encode(v)] for k, v in value.items()]
+    items.sort(key=lambda kv: _canonical(kv[0]))
+    return ["M", items]
 
 
 def decode(data: Any) -> Any:

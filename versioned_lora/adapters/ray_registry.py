@@ -194,7 +194,9 @@ class LocalRegistry:
     async def submit(self, event: RegistryEvent, key: str | None = None) -> RegistryAnswer:
         return self.core.submit(key or new_key(), event)
 
-    async def submit_batch(self, events: Sequence[RegistryEvent], key: str | None = None) -> tuple[RegistryAnswer, ...]:
+    async def submit_batch(
+        self, events: Sequence[RegistryEvent], key: str | None = None
+    ) -> tuple[RegistryAnswer, ...]:
         return self.core.submit_batch(key or new_key("batch"), events)
 
     async def version_states(self, versions: Collection[VersionKey]) -> dict[VersionKey, VersionState]:
@@ -239,12 +241,11 @@ def create_registry_actor(
         **({"lifetime": "detached"} if detached else {}),
         **(options or {}),
     }
-    handle = (
-        ray.remote(RegistryCore)
-        .options(**actor_options)
-        .remote(str(journal_path), tuple(engines), capacity, epoch, checkpoint_every)
+    actor_class: Any = ray.remote(RegistryCore)
+    handle = actor_class.options(**actor_options).remote(
+        str(journal_path), tuple(engines), capacity, epoch, checkpoint_every
     )
-    ray.get(handle.pid.remote())
+    ray.get(handle.pid.remote())  # returns once the actor has recovered its journal
     return handle
 
 
@@ -265,7 +266,9 @@ class RayRegistry:
         self._backoff_s = backoff_s
 
     @classmethod
-    def find(cls, name: str = REGISTRY_ACTOR_NAME, namespace: str = REGISTRY_NAMESPACE, **kwargs: Any) -> RayRegistry:
+    def find(
+        cls, name: str = REGISTRY_ACTOR_NAME, namespace: str = REGISTRY_NAMESPACE, **kwargs: Any
+    ) -> RayRegistry:
         return cls(find_registry_actor(name, namespace), **kwargs)
 
     async def submit(self, event: RegistryEvent, key: str | None = None) -> RegistryAnswer:
@@ -273,7 +276,9 @@ class RayRegistry:
         answer: RegistryAnswer = await self._call(lambda: self.handle.submit.remote(key, event))
         return answer
 
-    async def submit_batch(self, events: Sequence[RegistryEvent], key: str | None = None) -> tuple[RegistryAnswer, ...]:
+    async def submit_batch(
+        self, events: Sequence[RegistryEvent], key: str | None = None
+    ) -> tuple[RegistryAnswer, ...]:
         events = tuple(events)
         if len(events) > MAX_BATCH:
             raise BatchTooLarge(len(events))  # refused here: no round trip for a call the actor refuses

@@ -101,6 +101,33 @@ class SGLangClient:
             raw=body,
         )
 
+    async def stream_progress(
+        self, input_ids: Sequence[int], lora_path: str | None, max_new_tokens: int
+    ) -> list[tuple[float, int]]:
+        """Stream a greedy generation; return (monotonic arrival time, tokens so far) per chunk —
+        how tests and benchmarks see whether decode keeps making progress."""
+        import json
+        import time
+
+        payload = {
+            "input_ids": list(input_ids),
+            "sampling_params": {"max_new_tokens": max_new_tokens, "temperature": 0.0, "ignore_eos": True},
+            "stream": True,
+            **({"lora_path": lora_path} if lora_path is not None else {}),
+        }
+        progress: list[tuple[float, int]] = []
+        async with self._http.stream("POST", "/generate", json=payload) as response:
+            if response.status_code != 200:
+                raise EngineHTTPError(response.status_code, (await response.aread()).decode())
+            async for line in response.aiter_lines():
+                if not line.startswith("data:") or line.strip() == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[len("data:"):])
+                if "error" in chunk:
+                    raise EngineHTTPError(int(chunk["error"].get("code", 500)), line)
+                progress.append((time.monotonic(), int(chunk["meta_info"]["completion_tokens"])))
+        return progress
+
     async def load_lora_adapter(self, name: str, path: str, pinned: bool = False) -> dict[str, Any]:
         response = await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path, "pinned": pinned})
         return _json_or_raise(response)

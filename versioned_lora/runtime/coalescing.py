@@ -49,7 +49,9 @@ class CoalescingRegistry:
             self._flusher = asyncio.create_task(self._drain())
         return await future
 
-    async def submit_batch(self, events: Sequence[RegistryEvent], key: str | None = None) -> tuple[RegistryAnswer, ...]:
+    async def submit_batch(
+        self, events: Sequence[RegistryEvent], key: str | None = None
+    ) -> tuple[RegistryAnswer, ...]:
         return await self._inner.submit_batch(events, key)
 
     async def version_states(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, VersionState]:

@@ -42,6 +42,7 @@ class DispatchGate:
         self._refreshed_at = float("-inf")
         self._refresh: asyncio.Task[None] | None = None
         self._covers: frozenset[VersionKey] = frozenset()
+        self._wanted: set[VersionKey] = set()  # every version a dispatch asked about
         self.refreshes = 0
 
     async def check(self, version: VersionKey) -> None:
@@ -58,12 +59,11 @@ class DispatchGate:
             self._states[version] = state
 
     async def _refreshed(self, version: VersionKey) -> None:
-        if version not in self._states:
-            self._states[version] = VersionState.UNSEEN  # so the next refresh asks for it too
+        self._wanted.add(version)
         while True:
             task, covers = self._refresh, self._covers
             if task is None or task.done():
-                covers = self._covers = frozenset(self._states)
+                covers = self._covers = frozenset(self._wanted)
                 task = self._refresh = asyncio.create_task(self._run_refresh(tuple(covers)))
             # shield: a cancelled dispatch must not cancel the refresh other dispatches are waiting for.
             await asyncio.shield(task)
@@ -75,5 +75,10 @@ class DispatchGate:
         fresh = await self._registry.version_states(wanted)
         self.refreshes += 1
         for version in wanted:
-            self.note(version, fresh.get(version, VersionState.UNSEEN))
+            state = fresh.get(version)
+            if state is None:
+                if self._states.get(version) not in _GONE:
+                    self._states.pop(version, None)  # unknown to the registry: asked again next time
+            else:
+                self.note(version, state)
         self._refreshed_at = started

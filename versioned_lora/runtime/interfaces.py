@@ -63,7 +63,9 @@ class RegistryPort(Protocol):
         """Apply one event. `key` defaults to a fresh one; pass the same key to retry the same call."""
         ...
 
-    async def submit_batch(self, events: Sequence[RegistryEvent], key: str | None = None) -> tuple[RegistryAnswer, ...]:
+    async def submit_batch(
+        self, events: Sequence[RegistryEvent], key: str | None = None
+    ) -> tuple[RegistryAnswer, ...]:
         """Apply up to MAX_BATCH events atomically, in order, with one journal write (one fsync).
         Raises BatchTooLarge above MAX_BATCH; a ProtocolError (a bug) on any event applies none."""
         ...

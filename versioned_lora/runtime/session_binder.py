@@ -114,7 +114,9 @@ class SessionEntry:
     close_task: asyncio.Task[CloseReport] | None = None
     # Idempotency keys, fixed per record: a retried registry call is the same call.
     bind_key: str = attrs.field(factory=lambda: f"bind:{uuid.uuid4().hex}")
-    close_keys: tuple[str, str] = attrs.field(factory=lambda: (f"bclose:{uuid.uuid4().hex}", f"close:{uuid.uuid4().hex}"))
+    close_keys: tuple[str, str] = attrs.field(
+        factory=lambda: (f"bclose:{uuid.uuid4().hex}", f"close:{uuid.uuid4().hex}")
+    )
     issued: dict[str, BackendRequest] = attrs.field(factory=dict)  # sent, no answer yet
     unknown: dict[str, BackendRequest] = attrs.field(factory=dict)  # acceptance unknown, unresolved
     generations: int = 0

@@ -149,12 +149,13 @@ class ManagedEngine:
     async def end(self, name: str, attempt_token: str, incarnation: int, probe_input_ids: list[int]) -> Any:
         source = self.sources.get((name, attempt_token))
         verdict = await source.verify(self.tm) if source is not None else None
-        result, effects = self.step_or_refuse(
-            EndStaging(name, attempt_token, incarnation, manifest_ok=verdict is None or verdict.ok)
-        )
+        # A rejected manifest is a refusal that still changes state (STAGING -> CLEANED, stash freed):
+        # run the row's effects first, then answer with the verdict's detail.
+        manifest_ok = verdict is None or verdict.ok
+        result, effects = self.step(EndStaging(name, attempt_token, incarnation, manifest_ok=manifest_ok))
         await self._run_effects(effects, attempt_token)
-        if verdict is not None and not verdict.ok:
-            raise ProtocolRefusal(Rejected(result.reason, result.row), verdict.detail)
+        if isinstance(result, Rejected):
+            raise ProtocolRefusal(result, verdict.detail if verdict is not None and not verdict.ok else "")
         instance = self.loaded.get(name)
         if instance is not None and instance.probe is None:
             instance.probe = await self._probe(name, probe_input_ids)

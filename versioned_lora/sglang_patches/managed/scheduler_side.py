@@ -65,12 +65,11 @@ class StashStore:
         self.groups: dict[str, Group] = {}
         self.stashes: dict[str, Stash] = {}
         self.collectives = 0  # receives started: a duplicate receive must not add one
+        self.abandoned: list[tuple[Group, list[PendingBucket]]] = []
 
     # ---- groups
     def init_group(self, name: str, master_address: str, master_port: int, timeout_s: float) -> dict[str, Any]:
-        old = self.groups.pop(name, None)
-        if old is not None and old.pg is not None:
-            destroy_transfer_group(old.pg)
+        self.drop_group(name)
         group = Group(name)
 
         def join() -> None:
@@ -96,13 +95,28 @@ class StashStore:
         return {"state": "READY" if group.pg is not None else "JOINING"}
 
     def drop_group(self, name: str) -> dict[str, Any]:
+        """Abandon a group (a missed deadline, a new group for this name). Never destroyed here while a
+        receive is pending: ``destroy_process_group`` then waits inside gloo, holding the GIL, until the
+        receive times out (measured: the group's whole timeout, during which decode stopped). The
+        abandoned group is reaped once its pending receives have finished or timed out."""
         group = self.groups.pop(name, None)
-        if group is not None and group.pg is not None:
-            destroy_transfer_group(group.pg)
+        pending: list[PendingBucket] = []
         for stash in self.stashes.values():
             if stash.group == name:
+                pending += stash.pending.values()
                 stash.pending.clear()
+        if group is not None and group.pg is not None:
+            self.abandoned.append((group, pending))
         return {"dropped": group is not None}
+
+    def reap(self) -> None:
+        still: list[tuple[Group, list[PendingBucket]]] = []
+        for group, pending in self.abandoned:
+            if all(p.done() for p in pending):
+                destroy_transfer_group(group.pg)
+            else:
+                still.append((group, pending))
+        self.abandoned = still
 
     # ---- stashes
     def allocate(self, attempt: str, plan_json: str, manifest_json: str, group: str) -> dict[str, Any]:
@@ -158,7 +172,7 @@ class StashStore:
     def _verify_and_write(self, stash: Stash, digest: str) -> dict[str, Any]:
         """Check the stash against the manifest, write it as a PEFT directory, and check the
         directory as it will be loaded (the bytes SGLang reads) against the digest again."""
-        from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir, snapshot_from_tensors
+        from versioned_lora.adapters.snapshot import SnapshotError, snapshot_from_adapter_dir, snapshot_from_tensors
 
         try:
             verify_tensors(stash.manifest, stash.tensors, expected_digest=digest)
@@ -171,7 +185,7 @@ class StashStore:
             verify_tensors(stash.manifest, as_loaded.tensors, expected_digest=digest)
             if as_loaded.digest != digest:
                 return {"ok": False, "detail": f"written adapter digest {as_loaded.digest} != {digest}"}
-        except (ManifestError, ValueError, OSError) as exc:
+        except (ManifestError, SnapshotError, ValueError, OSError) as exc:
             return {"ok": False, "detail": str(exc)}
         return {"ok": True, "path": str(directory)}
 
@@ -185,6 +199,7 @@ class StashStore:
         return {
             "collectives": self.collectives,
             "groups": {name: self.poll_group(name)["state"] for name in self.groups},
+            "abandoned_groups": len(self.abandoned),
             "stashes": {
                 attempt: {"received": sorted(s.received), "pending": sorted(s.pending), "group": s.group,
                           "bytes": sum(t.numel() * t.element_size() for t in s.tensors.values())}
@@ -213,6 +228,7 @@ def store() -> StashStore:
 def handle_call(call: ipc.VersionedLoraSchedulerCall) -> ipc.VersionedLoraSchedulerReply:
     started = time.perf_counter()
     try:
+        store().reap()
         method = getattr(store(), call.method)
         result = method(**ipc.decode(call.payload))
         return ipc.VersionedLoraSchedulerReply(ok=True, payload=ipc.encode(result))

@@ -75,7 +75,7 @@ class DiskSource:
 
     def _verify_blocking(self) -> Verdict:
         from versioned_lora.adapters.manifest import verify_tensors
-        from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
+        from versioned_lora.adapters.snapshot import SnapshotError, snapshot_from_adapter_dir
 
         copy = Path(tempfile.mkdtemp(prefix="versioned-lora-stage-"))
         self.private_copy = copy
@@ -85,7 +85,7 @@ class DiskSource:
                     shutil.copy2(item, copy / item.name)
             snapshot = snapshot_from_adapter_dir(copy)
             verify_tensors(self.manifest, snapshot.tensors, expected_digest=self.digest)
-        except (OSError, ValueError, ManifestError) as exc:
+        except (OSError, ValueError, ManifestError, SnapshotError) as exc:
             return Verdict(False, f"adapter at {self.path} does not match the manifest: {exc}")
         if snapshot.digest != self.digest:
             return Verdict(False, f"serving config differs: digest {snapshot.digest}, expected {self.digest}")

@@ -1,0 +1,37 @@
+"""Imports point toward the core (DESIGN.md §4): the runtime never imports adapters; adapters implement
+the runtime's ports."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import versioned_lora.runtime as runtime_pkg
+from versioned_lora.adapters.ray_registry import LocalRegistry, RayRegistry
+from versioned_lora.adapters.sglang_backend import SGLangBackend
+from versioned_lora.runtime.interfaces import GenerationBackend, RegistryPort
+
+
+def imported_modules(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return names
+
+
+def test_runtime_does_not_import_adapters() -> None:
+    for path in Path(runtime_pkg.__file__).parent.glob("*.py"):
+        offenders = {m for m in imported_modules(path) if m.startswith(("versioned_lora.adapters", "ray"))}
+        assert not offenders, f"{path.name} imports {offenders}"
+
+
+def test_adapters_implement_the_runtime_ports() -> None:
+    for cls in (LocalRegistry, RayRegistry):
+        for name in ("submit", "submit_batch", "version_states", "state_digest"):
+            assert callable(getattr(cls, name)) and hasattr(RegistryPort, name)
+    assert all(callable(getattr(SGLangBackend, name)) for name in ("generate", "abort"))
+    assert hasattr(GenerationBackend, "generate")

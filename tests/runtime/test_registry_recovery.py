@@ -1,0 +1,206 @@
+"""The registry actor under kill -9 (RFC §2; DESIGN.md §3 unknown outcomes): the actor's worker process is
+killed with SIGKILL by its pid (never `ray.kill`), between calls and in the middle of a batch. After Ray
+restarts it, the recovered state's canonical digest equals the digest after the last durable call, and a
+retry with the same idempotency key is answered from the journal without a second effect.
+
+A shadow `RegistryCore` in this process receives the same calls: the core is deterministic, so it tells
+what the actor's state must be after each acknowledged call."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import time
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any, TypeVar
+
+import pytest
+import ray
+from registry_helpers import A, B, digest_of, new_actor, publish, refs
+
+from versioned_lora.adapters.journal import JournalConfigMismatch, state_digest
+from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.lifecycle import (
+    BindFirst,
+    CloseAndRelease,
+    Closed,
+    ProtocolError,
+    RecordReady,
+    RegistryEvent,
+    Reserve,
+    SessionKey,
+)
+from versioned_lora.runtime.interfaces import MAX_BATCH, BatchTooLarge, IdempotencyKeyReused
+
+pytestmark = pytest.mark.usefixtures("ray_cluster")
+T = TypeVar("T")
+
+
+def run(coro: Coroutine[Any, Any, T]) -> T:
+    return asyncio.run(coro)
+
+
+def binds(shard: int, start: int, count: int) -> list[RegistryEvent]:
+    return [BindFirst(SessionKey(0, shard, seq)) for seq in range(start, start + count)]
+
+
+def kill_actor(handle: Any) -> int:
+    pid: int = ray.get(handle.pid.remote())
+    os.kill(pid, signal.SIGKILL)
+    return pid
+
+
+def wait_for_marker(marker: Path, timeout_s: float = 60.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while not marker.exists():
+        assert time.monotonic() < deadline, "the actor never reached the armed fault point"
+        time.sleep(0.01)
+    return int(marker.read_text())
+
+
+def test_kill_between_calls_recovers_the_same_state_and_answers_retries_from_the_journal(tmp_path: Path) -> None:
+    handle, registry = new_actor(tmp_path)
+
+    async def scenario() -> None:
+        await publish(registry, A, revision=0)
+        await registry.submit_batch(binds(0, 0, 200))
+        close_key = "close-s0-0"
+        first = await registry.submit(CloseAndRelease(SessionKey(0, 0, 0)), key=close_key)
+        assert first.result == Closed(SessionKey(0, 0, 0), released=True) and not first.from_journal
+        reserved = await registry.submit(Reserve(B, digest_of(B)), key="reserve-B")  # B pending: LOADING
+        digest = await registry.state_digest()
+        stats = ray.get(handle.journal_stats.remote())
+
+        old_pid = kill_actor(handle)
+        assert await registry.state_digest() == digest  # the client waits for the restart
+        new_pid = ray.get(handle.pid.remote())
+        assert new_pid != old_pid
+        recovered = ray.get(handle.journal_stats.remote())
+        assert recovered["replayed_calls"] == stats["calls"] and recovered["last_seq"] == stats["last_seq"]
+
+        # The retried close is answered from the journal: released=True as the first time, no second release.
+        retry = await registry.submit(CloseAndRelease(SessionKey(0, 0, 0)), key=close_key)
+        assert retry.from_journal and retry.result == first.result and retry.journal_seq == first.journal_seq
+        again = await registry.submit(Reserve(B, digest_of(B)), key="reserve-B")
+        assert again.from_journal and again.result == reserved.result and again.effects == reserved.effects
+        assert await registry.state_digest() == digest
+        assert ray.get(handle.journal_stats.remote())["last_seq"] == stats["last_seq"]
+        assert refs(ray.get(handle.state.remote()), A) == 199
+        with pytest.raises(IdempotencyKeyReused):
+            await registry.submit(CloseAndRelease(SessionKey(0, 0, 1)), key=close_key)
+
+    run(scenario())
+
+
+@pytest.mark.parametrize("point", ["mid_batch", "before_commit"])
+def test_kill_in_the_middle_of_a_batch_loses_the_unacknowledged_batch_only(tmp_path: Path, point: str) -> None:
+    handle, registry = new_actor(tmp_path)
+    shadow = RegistryCore(tmp_path / "shadow.sqlite")
+
+    async def scenario() -> None:
+        await publish(registry, A, revision=0)
+        await publish_shadow(shadow)
+        assert await registry.state_digest() == shadow.state_digest()
+        before = shadow.state_digest()
+
+        batch = binds(1, 0, MAX_BATCH)
+        marker = tmp_path / f"{point}.pid"
+        ray.get(handle.arm_fault.remote(point, after_events=100, hold_s=60.0, marker=str(marker)))
+        pending = handle.submit_batch.remote("batch-1", batch)  # the raw call: no client retry
+        pid = wait_for_marker(marker)  # the actor wrote its own os.getpid(): it is busy holding the batch
+        os.kill(pid, signal.SIGKILL)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(pending)
+
+        # Never acknowledged, never durable: the restarted actor holds the state before the batch.
+        assert await registry.state_digest() == before
+        # The client retries with the same key: applied now, exactly once ...
+        answers = await registry.submit_batch(batch, key="batch-1")
+        assert not any(a.from_journal for a in answers) and len(answers) == MAX_BATCH
+        expected = shadow.submit_batch("batch-1", batch)
+        assert answers == expected
+        after = await registry.state_digest()
+        assert after == shadow.state_digest() != before
+        # ... and a second retry is answered from the journal, changing nothing.
+        replay = await registry.submit_batch(batch, key="batch-1")
+        assert all(a.from_journal for a in replay) and [a.result for a in replay] == [a.result for a in answers]
+        assert await registry.state_digest() == after
+        assert refs(ray.get(handle.state.remote()), A) == MAX_BATCH
+
+    run(scenario())
+
+
+def test_kill_after_commit_before_reply_is_resolved_by_the_client_retry(tmp_path: Path) -> None:
+    """The batch is durable but its reply is lost: the RayRegistry client retries the same key after the
+    restart and gets the journal's answer; the state moved exactly once."""
+    handle, registry = new_actor(tmp_path)
+    shadow = RegistryCore(tmp_path / "shadow.sqlite")
+
+    async def scenario() -> None:
+        await publish(registry, A, revision=0)
+        await publish_shadow(shadow)
+        batch = binds(2, 0, 64)
+        expected = shadow.submit_batch("batch-2", batch)
+        marker = tmp_path / "after_commit.pid"
+        ray.get(handle.arm_fault.remote("after_commit", hold_s=60.0, marker=str(marker)))
+        call = asyncio.create_task(registry.submit_batch(batch, key="batch-2"))
+        pid = await asyncio.to_thread(wait_for_marker, marker)
+        os.kill(pid, signal.SIGKILL)
+        answers = await call
+        assert all(a.from_journal for a in answers)  # answered by the restarted actor, from its journal
+        assert [a.result for a in answers] == [a.result for a in expected]
+        assert await registry.state_digest() == shadow.state_digest()
+        assert refs(ray.get(handle.state.remote()), A) == 64
+
+    run(scenario())
+
+
+def test_batch_limits_atomicity_and_journal_guards(tmp_path: Path) -> None:
+    handle, registry = new_actor(tmp_path)
+
+    async def scenario() -> None:
+        await publish(registry, A, revision=0)
+        digest, stats = await registry.state_digest(), ray.get(handle.journal_stats.remote())
+        with pytest.raises(BatchTooLarge):
+            await registry.submit_batch(binds(3, 0, MAX_BATCH + 1))
+        with pytest.raises(BatchTooLarge):  # the actor refuses it too, for callers that skip the client
+            ray.get(handle.submit_batch.remote("too-big", binds(3, 0, MAX_BATCH + 1)))
+        # A pair no row covers (a bug) anywhere in a batch applies none of it.
+        foreign = RecordReady(A, "attempt@0-1", "E9", 0, digest_of(A))
+        with pytest.raises(ProtocolError):
+            await registry.submit_batch([*binds(3, 0, 10), foreign, *binds(3, 10, 10)])
+        # A call that changes nothing is answered without a journal row (no fsync).
+        noop = await registry.submit(BindFirst(SessionKey(1, 0, 0)))  # another epoch: refused
+        assert noop.journal_seq is None
+        assert await registry.state_digest() == digest
+        assert ray.get(handle.journal_stats.remote())["last_seq"] == stats["last_seq"]
+
+    run(scenario())
+
+
+def test_checkpointed_journal_recovers_in_process_and_refuses_another_config(tmp_path: Path) -> None:
+    """The same class without Ray: a checkpoint bounds the replay; the recovered digest is the same."""
+    path = tmp_path / "core.sqlite"
+    core = RegistryCore(path, checkpoint_every=300)
+    run(publish_shadow(core))
+    for index in range(6):
+        core.submit_batch(f"b{index}", binds(0, index * 100, 100))
+    core.submit_batch("c0", [CloseAndRelease(SessionKey(0, 0, seq)) for seq in range(50)])
+    digest, state = core.state_digest(), core.state()
+    core.close()
+    reopened = RegistryCore(path, checkpoint_every=300)
+    assert reopened.state_digest() == digest == state_digest(reopened.state())
+    assert reopened.state() == state
+    stats = reopened.journal_stats()
+    assert stats["checkpoint_seq"] > 0 and reopened.recovery.replayed_calls < stats["calls"]
+    reopened.close()
+    with pytest.raises(JournalConfigMismatch):
+        RegistryCore(path, capacity=3)
+
+
+async def publish_shadow(core: RegistryCore) -> None:
+    from versioned_lora.adapters.ray_registry import LocalRegistry
+
+    await publish(LocalRegistry(core), A, revision=0)

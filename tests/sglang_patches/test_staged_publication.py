@@ -1,0 +1,314 @@
+"""Staged publication inside real SGLang engines (RFC §3.2): begin → buckets over gloo → verified end
+with a real probe; cleanup races; tampering; a stalled sender; rehydrate after a real restart."""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+import torch
+from engine_helpers import PROMPT, Staged, client_for, managed_view, run
+
+from versioned_lora.adapters.engine_link import Candidate, EngineLink
+from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
+from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient
+from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
+from versioned_lora.spec.identities import VersionKey, lora_name
+
+SMALL_BUCKETS = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets
+
+
+def _candidate(adapter_dir: Path, max_bucket_bytes: int = SMALL_BUCKETS) -> Candidate:
+    snapshot = snapshot_from_adapter_dir(adapter_dir)
+    name = lora_name(VersionKey(1, f"s{uuid.uuid4().hex[:8]}"), snapshot.digest)
+    return Candidate.build(name, snapshot, max_bucket_bytes)
+
+
+def _attempt() -> str:
+    return f"attempt-{uuid.uuid4().hex[:8]}"
+
+
+@asynccontextmanager
+async def linked(engine) -> AsyncIterator[tuple[SGLangClient, EngineLink]]:  # type: ignore[no-untyped-def]
+    async with client_for(engine) as client:
+        link = await EngineLink.connect(client)
+        try:
+            yield client, link
+        finally:
+            link.close()
+
+
+async def _publish(link: EngineLink, candidate: Candidate, attempt: str) -> dict:
+    await link.begin(candidate, attempt)
+    for index in range(candidate.bucket_count):
+        await link.transfer_bucket(candidate, attempt, index)
+    return await link.end(candidate, attempt, PROMPT)
+
+
+async def _reclaim(link: EngineLink, name: str) -> None:
+    await link.reclaim(name, f"teardown-{name}", wait_s=60)
+
+
+async def _collectives(client: SGLangClient) -> int:
+    return int((await client.status())["staging"]["collectives"])
+
+
+@pytest.fixture(scope="module")
+def reference(fixtures) -> ReferenceModel:
+    return ReferenceModel(fixtures.model_dir)
+
+
+def test_happy_path_over_buckets_probe_matches_a_peft_forward(engines, fixtures, reference) -> None:
+    candidate = _candidate(fixtures.adapters["B"])
+    assert candidate.bucket_count >= 3
+    expected = reference.first_token(candidate.snapshot, PROMPT)
+
+    async def body() -> None:
+        async with linked(engines.e0) as (client, link):
+            attempt = _attempt()
+            prepared = await link.begin(candidate, attempt)
+            assert prepared["adapter"]["state"] == "STAGING"  # PREPARED
+            for index in range(candidate.bucket_count):
+                answer = await link.transfer_bucket(candidate, attempt, index)
+                assert answer["adapter"]["buckets_received"] == index + 1
+            ready = await link.end(candidate, attempt, PROMPT)
+            receipt = ready["result"]
+            assert (receipt["lora_name"], receipt["digest"], receipt["attempt_token"], receipt["incarnation"]) == (
+                candidate.lora_name, candidate.snapshot.digest, attempt, link.incarnation)
+            probe = ready["adapter"]["probe"]
+            assert ready["adapter"]["lora_id"] and ready["adapter"]["pinned"]
+            assert expected.matches(probe["token_id"], probe["logprob"]), (probe, expected, PROBE_EPSILON)
+            served = await client.generate(PROMPT, candidate.lora_name, 1)
+            assert served.logprobs[0] == pytest.approx(probe["logprob"], abs=1e-6)
+            await _reclaim(link, candidate.lora_name)
+
+    run(body())
+
+
+def test_late_control_duplicate_receive_and_cleanup_before_during_after(engines, fixtures) -> None:
+    async def body() -> None:
+        async with linked(engines.e1) as (client, link):
+            # Cleanup before begin: the late begin, bucket and end create nothing.
+            early = _candidate(fixtures.adapters["A"])
+            attempt = _attempt()
+            await link.cleanup(early.lora_name, attempt)
+            for late in (link.begin(early, attempt), link.receive_bucket_again(early, attempt, 0),
+                         link.end(early, attempt, PROMPT)):
+                with pytest.raises(ManagedRefusal) as refused:
+                    await late
+                assert refused.value.reason == "STALE_ATTEMPT"
+            assert (await managed_view(client, early.lora_name))["state"] == "CLEANED"
+            assert attempt not in (await client.status())["staging"]["stashes"]
+
+            # Cleanup during the transfer: stash freed, late bucket/end refused, no collective added.
+            during = _candidate(fixtures.adapters["B"])
+            attempt = _attempt()
+            await link.begin(during, attempt)
+            await link.transfer_bucket(during, attempt, 0)
+            before = await _collectives(client)
+            again = await link.receive_bucket_again(during, attempt, 0)  # a duplicate receive
+            assert again["adapter"]["buckets_received"] == 1
+            assert await _collectives(client) == before
+            await link.cleanup(during.lora_name, attempt)
+            await link.cleanup(during.lora_name, attempt)  # idempotent
+            assert attempt not in (await client.status())["staging"]["stashes"]
+            for late in (link.receive_bucket_again(during, attempt, 1), link.end(during, attempt, PROMPT)):
+                with pytest.raises(ManagedRefusal) as refused:
+                    await late
+                assert refused.value.reason == "STALE_ATTEMPT"
+            assert await _collectives(client) == before
+
+            # Cleanup after end: the loaded candidate is unloaded once; a late end loads nothing.
+            after = _candidate(fixtures.adapters["C"])
+            attempt = _attempt()
+            await _publish(link, after, attempt)
+            unloads = (await client.status())["audit"]["physical_unload"]
+            await link.cleanup(after.lora_name, attempt)
+            await link.cleanup(after.lora_name, attempt)
+            status = await client.status()
+            assert status["audit"]["physical_unload"] == unloads + 1
+            assert after.lora_name not in {a["name"] for a in status["adapters"]}
+            with pytest.raises(ManagedRefusal) as refused:
+                await link.end(after, attempt, PROMPT)
+            assert refused.value.reason == "STALE_ATTEMPT"
+            assert await client.adapter(after.lora_name) is None
+
+    run(body())
+
+
+def _tampered(snapshot: Snapshot) -> dict[str, torch.Tensor]:
+    tensors = snapshot.to_peft_state()
+    first = next(iter(tensors))
+    tensors[first] = tensors[first].clone()
+    tensors[first].view(-1)[0] += 1.0  # the sender changed a weight after the manifest was fixed
+    return tensors
+
+
+def test_end_rejects_weights_altered_after_the_manifest_and_loads_nothing(engines, fixtures) -> None:
+    async def body() -> None:
+        async with linked(engines.e0) as (client, link):
+            candidate = _candidate(fixtures.adapters["A"])
+            attempt = _attempt()
+            loads = (await client.status())["audit"]["physical_load"]
+            await link.begin(candidate, attempt)
+            altered = _tampered(candidate.snapshot)
+            for index in range(candidate.bucket_count):
+                await link.transfer_bucket(candidate, attempt, index, tensors=altered)
+            with pytest.raises(ManagedRefusal) as refused:
+                await link.end(candidate, attempt, PROMPT)
+            assert refused.value.reason == "MANIFEST_MISMATCH" and "sha256" in str(refused.value)
+            status = await client.status()
+            assert status["audit"]["physical_load"] == loads
+            assert await client.adapter(candidate.lora_name) is None
+            assert (await managed_view(client, candidate.lora_name))["state"] == "CLEANED"
+            assert attempt not in status["staging"]["stashes"]
+
+    run(body())
+
+
+def _broken_copy(source: Path, target: Path, how: str) -> Path:
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(source, target)
+    weights = target / "adapter_model.safetensors"
+    tensors = load_file(weights)
+    name = sorted(tensors)[0]
+    if how == "shape":
+        tensors[name] = torch.cat([tensors[name], tensors[name][:1]])
+    elif how == "dtype":
+        tensors[name] = tensors[name].to(torch.float16)
+    elif how == "missing":
+        del tensors[name]
+    elif how == "extra":
+        tensors[name.replace("layers.0", "layers.1").replace("q_proj", "k_proj")] = tensors[name].clone()
+    save_file(tensors, weights)
+    return target
+
+
+@pytest.mark.parametrize("how", ["shape", "dtype", "missing", "extra"])
+def test_end_rejects_wrong_shape_dtype_missing_or_extra_tensor(engines, fixtures, tmp_path, how: str) -> None:
+    snapshot = snapshot_from_adapter_dir(fixtures.adapters["B"])
+    broken = _broken_copy(fixtures.adapters["B"], tmp_path / how, how)
+
+    async def body() -> None:
+        async with client_for(engines.e1) as client:
+            status = await client.status()
+            staged = Staged(lora_name(VersionKey(1, f"w{uuid.uuid4().hex[:8]}"), snapshot.digest), _attempt(),
+                            snapshot.digest, status["incarnation"], snapshot.manifest.to_json(), str(broken))
+            await client.managed("begin", **staged.begin_body())
+            with pytest.raises(ManagedRefusal) as refused:
+                await client.managed("end", **staged.end_body())
+            assert refused.value.reason == "MANIFEST_MISMATCH"
+            assert await client.adapter(staged.name) is None
+            assert (await client.status())["audit"]["physical_load"] == status["audit"]["physical_load"]
+
+    run(body())
+
+
+def test_bad_control_input_is_a_typed_error_that_changes_nothing(engines, fixtures) -> None:
+    async def body() -> None:
+        async with linked(engines.e0) as (client, link):
+            candidate = _candidate(fixtures.adapters["C"])
+            attempt = _attempt()
+            before = await client.status()
+
+            def begin_body(**overrides: object) -> dict:
+                return {"lora_name": candidate.lora_name, "attempt_token": attempt, "incarnation": link.incarnation,
+                        "digest": candidate.snapshot.digest, "manifest": candidate.snapshot.manifest.to_json(),
+                        "group_name": link.group_name, "max_bucket_bytes": SMALL_BUCKETS,
+                        "plan_digest": candidate.plan.digest(), **overrides}
+
+            cases = {
+                "BUCKET_TOO_LARGE": begin_body(max_bucket_bytes=2**40),
+                "PLAN_MISMATCH": begin_body(plan_digest="0" * 64),
+                "DIGEST_MISMATCH": begin_body(digest="f" * 64),
+                "MALFORMED_MANIFEST": begin_body(manifest='{"tensors": 3}'),
+                "STALE_INCARNATION": begin_body(incarnation=link.incarnation - 1),
+                "NOT_MANAGED": begin_body(lora_name="plain-name"),
+            }
+            for reason, body in cases.items():
+                with pytest.raises(ManagedRefusal) as refused:
+                    await client.managed("begin", **body)
+                assert refused.value.reason == reason, (reason, refused.value)
+
+            with pytest.raises(ManagedRefusal) as unknown:  # an attempt this engine never began
+                await link.receive_bucket_again(candidate, "attempt-unknown", 0)
+            assert unknown.value.reason == "STALE_ATTEMPT"
+            oversized = await client._http.post("/versioned_lora/begin", content=b"{" + b" " * 70_000 + b"}")
+            assert oversized.status_code == 413
+
+            after = await client.status()
+            assert await managed_view(client, candidate.lora_name) is None
+            assert after["staging"]["stashes"] == before["staging"]["stashes"]
+            assert after["adapters"] == before["adapters"]
+            assert after["audit"] == before["audit"]
+
+    run(body())
+
+
+def test_decode_keeps_progressing_while_the_sender_stalls_mid_attempt(engines, fixtures) -> None:
+    deadline_s = 4.0
+
+    async def body() -> None:
+        async with linked(engines.e1) as (client, link):
+            candidate = _candidate(fixtures.adapters["A"])
+            attempt = _attempt()
+            await link.begin(candidate, attempt, bucket_deadline_s=deadline_s)
+            await link.transfer_bucket(candidate, attempt, 0)
+
+            # The publisher stops sending: bucket 1 is requested but its bytes never come.
+            stalled = asyncio.create_task(client.managed("receive_bucket", lora_name=candidate.lora_name,
+                                                         attempt_token=attempt, incarnation=link.incarnation,
+                                                         index=1))
+            progress = await client.stream_progress(PROMPT, None, 600)
+            with pytest.raises(ManagedRefusal) as missed:
+                await stalled
+            assert missed.value.reason == "BUCKET_DEADLINE" and missed.value.status_code == 504
+
+            gaps = [later[0] - earlier[0] for earlier, later in itertools.pairwise(progress)]
+            assert progress[-1][1] == 600
+            print(f"decode during stalled transfer: {len(progress)} chunks, longest gap {max(gaps):.3f}s "
+                  f"(bucket deadline {deadline_s}s)")
+            assert max(gaps) < deadline_s / 4
+            await link.cleanup(candidate.lora_name, attempt)
+
+    run(body())
+
+
+def test_rehydrate_after_a_real_restart_restores_identical_logprobs(engines, fixtures) -> None:
+    candidate = _candidate(fixtures.adapters["B"])
+
+    async def body() -> tuple[list[float], int]:
+        async with linked(engines.e1) as (client, link):
+            await _publish(link, candidate, _attempt())
+            served = await client.generate(PROMPT, candidate.lora_name, 6)
+            return served.logprobs, link.incarnation
+
+    before, old_incarnation = run(body())
+    engines.e1.restart()
+
+    async def after_restart() -> None:
+        async with linked(engines.e1) as (client, link):
+            assert link.incarnation > old_incarnation
+            assert await managed_view(client, candidate.lora_name) is None  # a new process holds nothing
+            stale = {"lora_name": candidate.lora_name, "attempt_token": _attempt(), "incarnation": old_incarnation,
+                     "digest": candidate.snapshot.digest, "manifest": candidate.snapshot.manifest.to_json(),
+                     "group_name": link.group_name, "max_bucket_bytes": SMALL_BUCKETS,
+                     "plan_digest": candidate.plan.digest()}
+            with pytest.raises(ManagedRefusal) as refused:
+                await client.managed("begin", **stale)
+            assert refused.value.reason == "STALE_INCARNATION"
+
+            ready = await _publish(link, candidate, _attempt())  # the rehydrate attempt
+            assert ready["result"]["incarnation"] == link.incarnation
+            again = await client.generate(PROMPT, candidate.lora_name, 6)
+            assert again.logprobs == before
+            await _reclaim(link, candidate.lora_name)
+
+    run(after_restart())

@@ -1,0 +1,128 @@
+"""The publisher's side of one engine: its transfer group and the staged-publication calls.
+
+One `EngineLink` per engine incarnation: it owns the two-rank torch.distributed group (rank 0 here,
+rank 1 in the engine's scheduler) and speaks the managed endpoints through `SGLangClient`. A bucket
+is sent and confirmed together: the engine's ``receive_bucket`` answers only once the bucket is in
+its stash, so a completed local send is never mistaken for delivery.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import attrs
+
+from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.adapters.snapshot import Snapshot
+from versioned_lora.adapters.transfer import (
+    BucketPlan,
+    destroy_transfer_group,
+    free_port,
+    init_transfer_group,
+    pack_bucket,
+    send_bucket,
+)
+
+
+@attrs.frozen
+class Candidate:
+    """One version as the publisher ships it: name, frozen snapshot, bucket plan."""
+
+    lora_name: str
+    snapshot: Snapshot
+    plan: BucketPlan
+    max_bucket_bytes: int
+
+    @classmethod
+    def build(cls, lora_name: str, snapshot: Snapshot, max_bucket_bytes: int) -> Candidate:
+        return cls(lora_name, snapshot, BucketPlan.build(snapshot.manifest, max_bucket_bytes), max_bucket_bytes)
+
+    @property
+    def bucket_count(self) -> int:
+        return len(self.plan.buckets)
+
+
+class EngineLink:
+    def __init__(self, client: SGLangClient, incarnation: int, group: Any, group_name: str) -> None:
+        self.client = client
+        self.incarnation = incarnation
+        self.group = group
+        self.group_name = group_name
+
+    @classmethod
+    async def connect(
+        cls, client: SGLangClient, master_address: str = "127.0.0.1", timeout_s: float = 120.0
+    ) -> EngineLink:
+        """Form this engine's transfer group for its current incarnation (both ranks join at once)."""
+        incarnation = int((await client.status())["incarnation"])
+        group_name = f"vlora-{incarnation}-{uuid.uuid4().hex[:8]}"
+        port = free_port(master_address)
+        publisher_side = asyncio.create_task(
+            asyncio.to_thread(
+                init_transfer_group, master_address=master_address, master_port=port, rank=0,
+                group_name=group_name, timeout=datetime.timedelta(seconds=timeout_s),
+            )
+        )
+        try:
+            await client.managed("init_group", group_name=group_name, master_address=master_address,
+                                 master_port=port, timeout_s=timeout_s, http_timeout_s=timeout_s + 30)
+        except BaseException:
+            publisher_side.cancel()
+            raise
+        group = await publisher_side
+        return cls(client, incarnation, group, group_name)
+
+    def _identity(self, candidate: Candidate, attempt_token: str) -> dict[str, Any]:
+        return {"lora_name": candidate.lora_name, "attempt_token": attempt_token, "incarnation": self.incarnation}
+
+    async def begin(self, candidate: Candidate, attempt_token: str, bucket_deadline_s: float = 30.0) -> dict[str, Any]:
+        return await self.client.managed(
+            "begin", **self._identity(candidate, attempt_token), digest=candidate.snapshot.digest,
+            manifest=candidate.snapshot.manifest.to_json(), group_name=self.group_name,
+            max_bucket_bytes=candidate.max_bucket_bytes, plan_digest=candidate.plan.digest(),
+            bucket_deadline_s=bucket_deadline_s,
+        )
+
+    async def transfer_bucket(
+        self, candidate: Candidate, attempt_token: str, index: int, tensors: Any = None, http_timeout_s: float = 120.0
+    ) -> dict[str, Any]:
+        """Send bucket `index` and return the engine's confirmation that it is stashed.
+
+        `tensors` overrides what is packed (tests use it to send altered bytes under a fixed manifest).
+        """
+        flat = pack_bucket(tensors if tensors is not None else candidate.snapshot.tensors, candidate.plan, index,
+                           check=tensors is None)
+        confirm = asyncio.create_task(
+            self.client.managed("receive_bucket", **self._identity(candidate, attempt_token), index=index,
+                                http_timeout_s=http_timeout_s)
+        )
+        send = asyncio.create_task(asyncio.to_thread(send_bucket, self.group, flat))
+        answer = await confirm
+        await send
+        return answer
+
+    async def receive_bucket_again(self, candidate: Candidate, attempt_token: str, index: int) -> dict[str, Any]:
+        """A duplicate receive (a retried request): must answer without a second collective."""
+        return await self.client.managed("receive_bucket", **self._identity(candidate, attempt_token), index=index)
+
+    async def end(self, candidate: Candidate, attempt_token: str, probe_input_ids: Sequence[int]) -> dict[str, Any]:
+        return await self.client.managed(
+            "end", **self._identity(candidate, attempt_token), probe_input_ids=list(probe_input_ids),
+            http_timeout_s=600,
+        )
+
+    async def cleanup(self, lora_name: str, attempt_token: str) -> dict[str, Any]:
+        return await self.client.managed("cleanup", lora_name=lora_name, attempt_token=attempt_token)
+
+    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float = 0.0) -> dict[str, Any]:
+        return await self.client.managed("reclaim", lora_name=lora_name, reclaim_id=reclaim_id, wait_s=wait_s,
+                                         http_timeout_s=wait_s + 60)
+
+    def close(self) -> None:
+        if self.group is not None:
+            destroy_transfer_group(self.group)
+            self.group = None
