@@ -83,6 +83,22 @@ def fixtures() -> Fixtures:
     return build_fixtures()
 
 
+@pytest.fixture(scope="session")
+def ray_cluster() -> Iterator[None]:
+    """A small local Ray cluster (2 CPUs, ~200 MB object store), started once per test session."""
+    import ray
+
+    started = not ray.is_initialized()
+    if started:
+        ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024,
+                 log_to_driver=False, configure_logging=False)
+    try:
+        yield
+    finally:
+        if started:
+            ray.shutdown()
+
+
 @attrs.frozen
 class EnginePair:
     e0: EngineProcess

@@ -23,7 +23,9 @@ TEST_TOKEN = "test-secret-7f3a"
 
 
 def client_for(engine: Any, token: str | None = TEST_TOKEN) -> SGLangClient:
-    return SGLangClient(engine.url, token=token)
+    # A generous timeout: on a loaded 2-core host a long test generation can take minutes; a timeout
+    # here would only turn slowness into an UnknownOutcome.
+    return SGLangClient(engine.url, timeout_s=600.0, token=token)
 
 
 def fresh_name(label: str) -> str:

@@ -4,15 +4,13 @@ from __future__ import annotations
 
 import asyncio
 
-from engine_helpers import PROMPT, fresh_name, loaded_adapter, lora_ids, run
-
-from versioned_lora.adapters.sglang_client import SGLangClient
+from engine_helpers import PROMPT, client_for, fresh_name, loaded_adapter, lora_ids, run
 
 
 def test_kv_isolation_on_freshly_loaded_names(engines, fixtures) -> None:
     async def body() -> None:
         async with (
-            SGLangClient(engines.e0.url) as client,
+            client_for(engines.e0, token=None) as client,
             loaded_adapter(client, fixtures.adapters["A"], "A") as a,
             loaded_adapter(client, fixtures.adapters["B"], "B") as b,
         ):
@@ -41,7 +39,7 @@ def test_lora_ids_are_engine_local_and_reload_gives_cold_namespace(engines, fixt
     name = fresh_name("A")
 
     async def body() -> None:
-        async with SGLangClient(engines.e0.url) as c0, SGLangClient(engines.e1.url) as c1:
+        async with client_for(engines.e0, token=None) as c0, client_for(engines.e1, token=None) as c1:
             for client in (c0, c1):
                 assert (await client.load_lora_adapter(name, str(fixtures.adapters["A"])))["success"]
             try:

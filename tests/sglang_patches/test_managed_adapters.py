@@ -30,7 +30,7 @@ from engine_helpers import (
 
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 
-LONG_TOKENS = 1500
+LONG_TOKENS = 800
 
 
 @asynccontextmanager

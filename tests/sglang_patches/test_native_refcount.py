@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from engine_helpers import PROMPT, loaded_adapter, refcount, run, wait_until
+from engine_helpers import PROMPT, client_for, loaded_adapter, refcount, run, wait_until
 
 from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient
 
@@ -18,7 +18,10 @@ LONG_TOKENS = 1500  # ~6 s alone on the tiny CPU model
 
 def test_unload_waits_for_the_long_request_and_unloads_once(engines, fixtures) -> None:
     async def body() -> None:
-        async with SGLangClient(engines.e0.url) as client, loaded_adapter(client, fixtures.adapters["A"], "A") as a:
+        async with (
+            client_for(engines.e0, token=None) as client,
+            loaded_adapter(client, fixtures.adapters["A"], "A") as a,
+        ):
             long_task = asyncio.create_task(client.generate(PROMPT, a, LONG_TOKENS, ignore_eos=True))
             short_task = asyncio.create_task(client.generate(PROMPT, a, 8, ignore_eos=True))
             await wait_until(lambda: _is(refcount(client, a), 2), timeout_s=20)

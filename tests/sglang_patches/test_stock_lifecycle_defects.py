@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 
 import httpx
 import pytest
-from engine_helpers import PROMPT, loaded_adapter, lora_ids, refcount, run, wait_until
+from engine_helpers import PROMPT, client_for, loaded_adapter, lora_ids, refcount, run, wait_until
 
 from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient
 
 UNLOAD_BOUND_S = 10.0
-LONG_TOKENS = 1500
+LONG_TOKENS = 800
 
 
 async def _over_context_400(client: SGLangClient, name: str) -> None:
@@ -95,7 +95,10 @@ PATHS: dict[str, Callable[[SGLangClient, str], Awaitable[None]]] = {
 @pytest.mark.parametrize("path", sorted(PATHS))
 def test_request_end_path_releases_native_reference(engines, fixtures, path: str) -> None:
     async def body() -> None:
-        async with SGLangClient(engines.e1.url) as client, loaded_adapter(client, fixtures.adapters["A"], "A") as a:
+        async with (
+            client_for(engines.e1, token=None) as client,
+            loaded_adapter(client, fixtures.adapters["A"], "A") as a,
+        ):
             await PATHS[path](client, a)
             await wait_until(lambda: _refcount_is(client, a, 0), timeout_s=15)
             result = await asyncio.wait_for(client.unload_lora_adapter(a), UNLOAD_BOUND_S)
@@ -107,7 +110,10 @@ def test_request_end_path_releases_native_reference(engines, fixtures, path: str
 
 def test_stock_sglang_implicitly_reloads_an_unloaded_adapter(engines, fixtures) -> None:
     async def body() -> None:
-        async with SGLangClient(engines.e1.url) as client, loaded_adapter(client, fixtures.adapters["B"], "B") as b:
+        async with (
+            client_for(engines.e1, token=None) as client,
+            loaded_adapter(client, fixtures.adapters["B"], "B") as b,
+        ):
             first = await client.generate(PROMPT, b, 4)
             old_id = lora_ids(await client.status())[b]
             assert (await client.unload_lora_adapter(b))["success"]

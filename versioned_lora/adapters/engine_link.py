@@ -42,6 +42,10 @@ class Candidate:
         return cls(lora_name, snapshot, BucketPlan.build(snapshot.manifest, max_bucket_bytes), max_bucket_bytes)
 
     @property
+    def digest(self) -> str:
+        return self.snapshot.digest
+
+    @property
     def bucket_count(self) -> int:
         return len(self.plan.buckets)
 

@@ -33,6 +33,7 @@ from versioned_lora.runtime.interfaces import (
     RegistryError,
     RegistryUnavailable,
 )
+from versioned_lora.runtime.views import PublicationView, publication_view
 
 REGISTRY_ACTOR_NAME = "versioned_lora_registry"
 REGISTRY_NAMESPACE = "versioned_lora"
@@ -153,6 +154,9 @@ class RegistryCore:
     def state(self) -> RegistryState:
         return self._state
 
+    def publication_view(self) -> PublicationView:
+        return publication_view(self._state)
+
     def state_digest(self) -> str:
         return state_digest(self._state)
 
@@ -204,6 +208,9 @@ class LocalRegistry:
 
     async def state_digest(self) -> str:
         return self.core.state_digest()
+
+    async def publication_view(self) -> PublicationView:
+        return self.core.publication_view()
 
 
 # ---- Ray ---------------------------------------------------------------------------------------------------------
@@ -294,6 +301,10 @@ class RayRegistry:
     async def state_digest(self) -> str:
         digest: str = await self._call(lambda: self.handle.state_digest.remote())
         return digest
+
+    async def publication_view(self) -> PublicationView:
+        view: PublicationView = await self._call(lambda: self.handle.publication_view.remote())
+        return view
 
     async def _call(self, make_ref: Any) -> Any:
         import ray

@@ -61,6 +61,23 @@ class ReferenceModel:
             if snapshot is not None:
                 self._base = model.unload()
 
+    def score(self, snapshot: Any, prefix: Sequence[int], continuation: Sequence[int]) -> list[float]:
+        """Teacher-forced logprobs of `continuation` after `prefix` (one forward pass): how an engine's
+        own tokens are checked, since on a near-flat distribution greedy argmax can flip between
+        near-tied tokens with bf16 noise while the logprobs still agree."""
+        torch = self._torch
+        model = self._with_adapter(snapshot)
+        try:
+            ids = list(prefix) + list(continuation)
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            start = len(prefix) - 1
+            return [float(logprobs[start + i, token]) for i, token in enumerate(continuation)]
+        finally:
+            if snapshot is not None:
+                self._base = model.unload()
+
     def _with_adapter(self, snapshot: Any) -> Any:
         if snapshot is None:
             return self._base
@@ -78,3 +95,23 @@ class ReferenceModel:
 
 _LORA_CONFIG_KEYS = frozenset({"r", "lora_alpha", "target_modules", "bias", "use_rslora", "fan_in_fan_out",
                                "task_type", "layers_to_transform", "layers_pattern", "rank_pattern", "alpha_pattern"})
+
+
+class ReferenceProbeCheck:
+    """The publisher's `probe_check`: an engine's probe must match this forward of the same snapshot
+    (computed once per digest) within `epsilon`."""
+
+    def __init__(self, model: ReferenceModel, probe_input_ids: Sequence[int], epsilon: float = PROBE_EPSILON) -> None:
+        self.model = model
+        self.probe_input_ids = list(probe_input_ids)
+        self.epsilon = epsilon
+        self._by_digest: dict[str, ProbeReference] = {}
+
+    def reference(self, candidate: Any) -> ProbeReference:
+        digest = candidate.snapshot.digest
+        if digest not in self._by_digest:
+            self._by_digest[digest] = self.model.first_token(candidate.snapshot, self.probe_input_ids)
+        return self._by_digest[digest]
+
+    def __call__(self, candidate: Any, token_id: int, logprob: float) -> bool:
+        return self.reference(candidate).matches(token_id, logprob, self.epsilon)

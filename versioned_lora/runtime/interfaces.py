@@ -16,6 +16,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 from versioned_lora.lifecycle import RegistryEffect, RegistryEvent, RegistryResult, VersionKey, VersionState
+from versioned_lora.runtime.views import PublicationView
 
 # One registry call applies at most this many events (one journal transaction, one fsync). The bound
 # keeps a call's latency and the actor's pause for other callers short; callers with more split.
@@ -77,6 +78,11 @@ class RegistryPort(Protocol):
     async def state_digest(self) -> str:
         """SHA-256 of the canonical encoding of the registry state (equal states, equal digests, in
         any process)."""
+        ...
+
+    async def publication_view(self) -> PublicationView:
+        """Read-only: default, revision, engine incarnations and every version with its placements
+        (no sessions) — what the Publisher, the Reclaimer and routing need to decide."""
         ...
 
 

@@ -64,5 +64,6 @@ def install() -> None:
 
 
 def snapshot() -> dict[str, int]:
-    keys = {*_COUNTED_METHODS.values(), "abort_all", "abort_request", "physical_unload", "physical_load"}
+    keys = {*_COUNTED_METHODS.values(), "abort_all", "abort_request", "physical_unload", "physical_load",
+            "managed_begin"}
     return {key: COUNTS[key] for key in sorted(keys)}

@@ -93,6 +93,7 @@ class ManagedAPI:
             "digest": digest,
             "manifest": manifest,
         }
+        audit.COUNTS["managed_begin"] += 1
         self._check_resources(manifest, identity)
         source: StagingSource
         if "source_path" in body:

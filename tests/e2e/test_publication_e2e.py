@@ -1,0 +1,274 @@
+"""RFC §3.4, §5.2 and the §7.1 rows end to end: real Ray registry actor, two real SGLang CPU engines,
+gloo transfer groups, the Publisher, the Reclaimer and the SessionBinder.
+
+Numbers are compared with a transformers + PEFT forward of the same weights over the same full
+prefix (`ReferenceModel`); the tolerance is fixed here, before any run, from the measured spread of
+the CPU engine against that forward (≤ 0.004 nats on the fixture, batched or solo).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+
+import pytest
+import torch
+from deployment import Deployment, engine_wide_deltas
+from engine_helpers import PROMPT, run
+
+from versioned_lora.adapters.snapshot import snapshot_from_peft_model
+from versioned_lora.lifecycle import Reserve
+from versioned_lora.lifecycle.results import Rejected
+from versioned_lora.runtime.session_binder import NoPublishedVersion
+from versioned_lora.spec.states import VersionState
+
+LOGPROB_TOLERANCE = 0.02  # fixed before the run: measured CPU-engine vs PEFT spread 0.004
+TOOL_TOKENS = [401, 402, 403]
+
+
+@asynccontextmanager
+async def deployed(engines, fixtures, tmp_path) -> AsyncIterator[Deployment]:  # type: ignore[no-untyped-def]
+    deployment = Deployment(engines, fixtures, tmp_path)
+    await deployment.publisher.sync_incarnations()
+    try:
+        yield deployment
+    finally:
+        # Test teardown (not the protocol): unload whatever this deployment left on the engines so
+        # later tests find free managed slots.
+        for client in deployment.clients.values():
+            status = await client.status()
+            for adapter in status["managed"]:
+                if adapter["state"] in ("READY", "STAGING") and str(deployment.epoch) in adapter["name"]:
+                    await client.managed("reclaim", lora_name=adapter["name"], reclaim_id="teardown", wait_s=60)
+        await deployment.close()
+
+
+def assert_matches_reference(deployment: Deployment, label: str, prefix: list[int], logprobs: tuple[float, ...],
+                             output_ids: tuple[int, ...]) -> None:
+    """Every generated token's logprob equals the reference forward of the same version over the same
+    full prefix (teacher-forced on the engine's own tokens) within the tolerance."""
+    snapshot = deployment.candidates[next(v for v in deployment.candidates if v.version_id == label)].snapshot
+    expected = deployment.reference.score(snapshot, prefix, output_ids)
+    worst = max(abs(e - lp) for e, lp in zip(expected, logprobs, strict=True))
+    assert worst <= LOGPROB_TOLERANCE, (label, worst, expected, logprobs)
+
+
+def test_rfc_3_4_publish_b_while_a_serves(engines, fixtures, tmp_path) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            audit_before = await d.audit()
+            binder = d.binder
+            with pytest.raises(NoPublishedVersion):  # before the bootstrap commit
+                await binder.bind_first(binder.open("S_early@E0"))
+
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed  # bootstrap through the same protocol
+
+            s_old = binder.open("S_old@E0")
+            assert (await binder.bind_first(s_old)).version == a_version
+            old_turn = await binder.generate(s_old, PROMPT, 4)
+
+            # B: READY on E0 only (E1's end is held), then S_mid still binds A.
+            b_version, b = d.candidate("B")
+            e1 = d.ports["E1"]
+            release = asyncio.Event()
+            real_end = e1.end
+
+            async def held_end(candidate, attempt_token):  # type: ignore[no-untyped-def]
+                await release.wait()
+                return await real_end(candidate, attempt_token)
+
+            e1.end = held_end  # type: ignore[method-assign]
+            publication = asyncio.create_task(d.publisher.publish(b_version, b))
+            for _ in range(600):
+                view = await d.registry.publication_view()
+                placement = view.versions.get(b_version)
+                if placement and placement.placements["E0"].state.name == "READY":
+                    break
+                await asyncio.sleep(0.05)
+            assert view.versions[b_version].placements["E1"].state.name != "READY"
+            assert view.default == a_version
+            s_mid = binder.open("S_mid@E1")
+            assert (await binder.bind_first(s_mid)).version == a_version
+
+            release.set()
+            outcome = await publication
+            e1.end = real_end  # type: ignore[method-assign]
+            assert outcome.committed, outcome
+            assert set(outcome.phases) >= {"reserve", "begin", "bucket_0", "bucket_3", "end", "commit"}
+
+            s_new = binder.open("S_new@E1")
+            assert (await binder.bind_first(s_new)).version == b_version
+            states = await d.registry.version_states([a_version, b_version])
+            assert states == {a_version: VersionState.RETIRED, b_version: VersionState.PUBLISHED}
+
+            # Old sessions continue on A (tool turn with the full prefix, a retry, a resume), on both
+            # engines; the new session runs on B. Each matches the reference for its full prefix.
+            prefix = PROMPT + list(old_turn.output_ids) + TOOL_TOKENS
+            tool_turn = await binder.generate(s_old, prefix, 4)
+            assert_matches_reference(d, "A", prefix, tool_turn.logprobs, tool_turn.output_ids)
+            retry = await binder.generate(s_old, prefix, 4)
+            assert retry.output_ids == tool_turn.output_ids
+            mid = await binder.generate(s_mid, PROMPT, 6)
+            assert_matches_reference(d, "A", PROMPT, mid.logprobs, mid.output_ids)
+            resume_prefix = PROMPT + list(mid.output_ids[:3])
+            resumed = await binder.generate(s_mid, resume_prefix, 3)
+            assert_matches_reference(d, "A", resume_prefix, resumed.logprobs, resumed.output_ids)
+            new = await binder.generate(s_new, PROMPT, 6)
+            assert_matches_reference(d, "B", PROMPT, new.logprobs, new.output_ids)
+            assert new.output_ids != mid.output_ids
+
+            for key in (s_old, s_mid, s_new):
+                await binder.finish(key)
+            assert engine_wide_deltas(audit_before, await d.audit()) == dict.fromkeys(
+                engine_wide_deltas(audit_before, audit_before), 0)
+
+    run(body())
+
+
+def test_rfc_5_2_capacity_rejects_c_until_a_is_reclaimed(engines, fixtures, tmp_path) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            b_version, b = d.candidate("B")
+            c_version, c = d.candidate("C")
+            assert (await d.publisher.publish(a_version, a)).committed
+            sessions = [d.binder.open(f"S{i}@E{i % 2}") for i in range(3)]
+            for key in sessions:
+                assert (await d.binder.bind_first(key)).version == a_version
+                await d.binder.generate(key, PROMPT, 2)
+            assert (await d.publisher.publish(b_version, b)).committed
+
+            audit_before = await d.audit()
+            refused = await d.publisher.publish(c_version, c)
+            assert (refused.status, refused.reason) == ("REJECTED", "CAPACITY_ERROR")
+            after_refusal = await d.audit()
+            for engine in d.clients:  # zero begin and zero transfer calls reached the engines
+                assert after_refusal[engine]["managed_begin"] == audit_before[engine]["managed_begin"]
+
+            not_yet = await d.reclaimer.reclaim(a_version)
+            assert not_yet.status == "NOT_RECLAIMABLE"  # sessions still hold A
+            for key in sessions:
+                await d.binder.finish(key)
+            reclaimed = await d.reclaimer.reclaim(a_version)
+            assert reclaimed.status == "RECLAIMED" and set(reclaimed.confirmed) == {"E0", "E1"}
+            after_reclaim = await d.audit()
+            for engine in d.clients:  # each engine unloaded A exactly once
+                assert after_reclaim[engine]["physical_unload"] == audit_before[engine]["physical_unload"] + 1
+            again = await d.reclaimer.reclaim(a_version)  # a repeated reclaim changes nothing
+            assert (await d.audit()) == after_reclaim and again.status in ("RECLAIMED", "NOT_RECLAIMABLE")
+
+            accepted = await d.publisher.publish(c_version, c)
+            assert accepted.committed
+            view = await d.registry.publication_view()
+            assert view.default == c_version and view.managed_count() <= 2
+            assert engine_wide_deltas(audit_before, await d.audit()) == dict.fromkeys(
+                engine_wide_deltas(audit_before, audit_before), 0)
+
+    run(body())
+
+
+def test_duplicate_publication_and_content_conflict(engines, fixtures, tmp_path) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed
+            audit = await d.audit()
+            replay = await d.publisher.publish(a_version, a)  # same key, same content: nothing happens again
+            assert replay.status == "PUBLISHED"
+            assert await d.audit() == audit
+            _, other = d.candidate("B")
+            conflict = await d.registry.submit(Reserve(a_version, other.snapshot.digest))
+            assert isinstance(conflict.result, Rejected) and str(conflict.result.reason) == "VERSION_CONFLICT"
+
+    run(body())
+
+
+def test_really_trained_adapter_is_published_and_served_exactly(engines, fixtures, tmp_path) -> None:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(7)
+    base = AutoModelForCausalLM.from_pretrained(str(fixtures.model_dir), dtype=torch.float32)
+    model = get_peft_model(base, LoraConfig(r=8, lora_alpha=16, target_modules=["q_proj", "v_proj"],
+                                            init_lora_weights=False, task_type="CAUSAL_LM"))
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-2)
+    batch = torch.randint(1, 500, (4, 24))
+    losses = []
+    for _ in range(5):  # real optimizer steps on CPU
+        loss = model(input_ids=batch, labels=batch).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        losses.append(float(loss))
+    assert losses[-1] < losses[0]
+    snapshot = snapshot_from_peft_model(model)
+
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            version, candidate = d.candidate("trained", snapshot)
+            assert (await d.publisher.publish(version, candidate)).committed
+            for engine in ("E0", "E1"):
+                session = d.binder.open(f"S_trained@{engine}")
+                served = await d.binder.generate(session, PROMPT, 4)
+                assert_matches_reference(d, "trained", PROMPT, served.logprobs, served.output_ids)
+                await d.binder.finish(session)
+
+    run(body())
+
+
+def test_every_training_rank_gets_the_same_outcome(engines, fixtures, tmp_path) -> None:
+    import concurrent.futures
+    import datetime
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from versioned_lora.adapters.rank_outcome import publish_on_every_rank
+    from versioned_lora.adapters.transfer import free_port, init_transfer_group
+
+    port, world = free_port(), 3
+    script = Path(__file__).with_name("rank_process.py")
+    # Rank 0 hosts the rendezvous store: start it first, so the other ranks find it listening.
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        rank0 = pool.submit(init_transfer_group, master_address="127.0.0.1", master_port=port, rank=0,
+                            world_size=world, group_name="trainer-ranks", device="cpu",
+                            timeout=datetime.timedelta(seconds=300))
+        time.sleep(2.0)
+        others = [subprocess.Popen([sys.executable, str(script), str(port), str(rank), str(world), "3"],
+                                   stdout=subprocess.PIPE, text=True) for rank in (1, 2)]
+        group = rank0.result()
+
+    async def scenario() -> list:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            loop = asyncio.get_running_loop()
+            outcomes = []
+
+            async def on_all_ranks(version, candidate, probe_ok=True):  # type: ignore[no-untyped-def]
+                if not probe_ok:
+                    d.publisher.probe_check = lambda *_: False  # the engines' probe "disagrees": a failure
+                result = await asyncio.to_thread(
+                    publish_on_every_rank, 0, group, version,
+                    lambda: asyncio.run_coroutine_threadsafe(d.publisher.publish(version, candidate), loop).result(),
+                )
+                outcomes.append(result)
+
+            a_version, a = d.candidate("A")
+            b_version, b = d.candidate("B")
+            await on_all_ranks(a_version, a)  # success
+            await d.publisher.publish(b_version, b)
+            c_version, c = d.candidate("C")
+            await on_all_ranks(c_version, c)  # capacity rejection
+            assert (await d.reclaimer.reclaim(a_version)).status == "RECLAIMED"
+            await on_all_ranks(*d.candidate("C2", c.snapshot), probe_ok=False)  # failure
+            return outcomes
+
+    mine = run(scenario())
+    theirs = [[json.loads(line) for line in proc.communicate(timeout=120)[0].splitlines()] for proc in others]
+    assert [o.status for o in mine][:2] == ["COMMITTED", "REJECTED"] and mine[1].reason == "CAPACITY_ERROR"
+    assert mine[2].status == "FAILED_CLEAN" and mine[2].reason == "EngineRefused"
+    expected = [{"status": o.status, "reason": o.reason, "version": list(o.version)} for o in mine]
+    assert theirs == [expected, expected]

@@ -1,0 +1,95 @@
+"""`StagingEnginePort` over one SGLang engine: the runtime Publisher's view of an engine, built on
+`EngineLink` (transfer group + managed endpoints). Reconnects when the engine's incarnation changed,
+since a group belongs to one incarnation. Maps the client's errors onto the runtime's: a lost reply
+is `EngineUnreachable` (unknown outcome), a typed refusal is `EngineRefused`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Sequence
+from typing import Any, TypeVar
+
+import httpx
+
+from versioned_lora.adapters.engine_link import Candidate, EngineLink
+from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient, UnknownOutcome
+from versioned_lora.runtime.publisher import EngineRefused, EngineUnreachable, ReadyReceipt
+
+T = TypeVar("T")
+
+
+class EngineStaging:
+    def __init__(self, name: str, client: SGLangClient, probe_input_ids: Sequence[int],
+                 bucket_deadline_s: float = 30.0) -> None:
+        self.name = name
+        self.client = client
+        self.probe_input_ids = list(probe_input_ids)
+        self.bucket_deadline_s = bucket_deadline_s
+        self._link: EngineLink | None = None
+        self._lock = asyncio.Lock()
+        self.hold_after_bucket: int | None = None  # tests: stop sending after this bucket index
+        self.held = asyncio.Event()
+
+    async def incarnation(self) -> int:
+        status = await self._call(self.client.status())
+        return int(status["incarnation"])
+
+    async def link(self) -> EngineLink:
+        async with self._lock:
+            current = await self.incarnation()
+            if self._link is None or self._link.incarnation != current:
+                if self._link is not None:
+                    self._link.close()
+                self._link = await self._call(EngineLink.connect(self.client))
+            return self._link
+
+    async def begin(self, candidate: Candidate, attempt_token: str) -> None:
+        link = await self.link()
+        await self._call(link.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
+
+    async def transfer_bucket(self, candidate: Candidate, attempt_token: str, index: int) -> None:
+        link = await self.link()
+        await self._call(link.transfer_bucket(candidate, attempt_token, index))
+        if self.hold_after_bucket is not None and index >= self.hold_after_bucket:
+            self.held.set()
+            await asyncio.Event().wait()  # held until the caller cancels (the test kills the engine)
+
+    async def end(self, candidate: Candidate, attempt_token: str) -> ReadyReceipt:
+        link = await self.link()
+        answer = await self._call(link.end(candidate, attempt_token, self.probe_input_ids))
+        result, probe = answer["result"], answer["adapter"]["probe"]
+        return ReadyReceipt(result["lora_name"], result["digest"], result["attempt_token"], int(result["incarnation"]),
+                            int(probe["token_id"]), float(probe["logprob"]))
+
+    async def cleanup(self, lora_name: str, attempt_token: str) -> None:
+        try:
+            await self._call(self.client.managed("cleanup", lora_name=lora_name, attempt_token=attempt_token))
+        except EngineRefused as refused:
+            if refused.reason != "STALE_ATTEMPT":  # the engine holds another attempt: nothing of ours left
+                raise
+
+    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool:
+        answer = await self._call(self.client.managed("reclaim", lora_name=lora_name, reclaim_id=reclaim_id,
+                                                      wait_s=wait_s, http_timeout_s=wait_s + 60))
+        return bool(answer["adapter"]["state"] == "UNLOADED")
+
+    def close(self) -> None:
+        if self._link is not None:
+            self._link.close()
+            self._link = None
+
+    async def _call(self, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except ManagedRefusal as exc:
+            if exc.status_code in (409, 400, 401, 413):
+                raise EngineRefused(exc.reason, str(exc)) from exc
+            raise EngineUnreachable(str(exc)) from exc
+        except (UnknownOutcome, httpx.HTTPError, OSError) as exc:
+            raise EngineUnreachable(f"{self.name}: {exc}") from exc
+
+
+def staging_ports(
+    clients: dict[str, SGLangClient], probe_input_ids: Sequence[int], **kwargs: Any
+) -> dict[str, EngineStaging]:
+    return {name: EngineStaging(name, client, probe_input_ids, **kwargs) for name, client in clients.items()}
