@@ -7,8 +7,6 @@ An engine that fails to start is an error for every test that needs it, never a 
 from __future__ import annotations
 
 import os
-import socket
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,7 +14,7 @@ import attrs
 import pytest
 from engine_helpers import TEST_TOKEN
 
-from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess
+from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 
@@ -56,28 +54,6 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
         )
 
 
-def _free_port_block(size: int = 20) -> int:
-    """A base port with `size` free ports above it (SGLang takes a few ports next to --port)."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            base = probe.getsockname()[1]
-        if base + size >= 65000:
-            continue
-        if all(_port_free(base + offset) for offset in range(size)):
-            return base
-    raise RuntimeError("no free port block")
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind(("127.0.0.1", port))
-        except OSError:
-            return False
-    return True
-
-
 @pytest.fixture(scope="session")
 def fixtures() -> Fixtures:
     return build_fixtures()
@@ -108,42 +84,20 @@ class EnginePair:
         return iter((self.e0, self.e1))
 
 
-def start_engines(configs: list[EngineConfig]) -> list[EngineProcess]:
-    engines = [EngineProcess(config) for config in configs]
-    errors: list[BaseException] = []
-
-    def start(engine: EngineProcess) -> None:
-        try:
-            engine.start()
-        except BaseException as exc:
-            errors.append(exc)
-
-    threads = [threading.Thread(target=start, args=(engine,)) for engine in engines]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    if errors:
-        for engine in engines:
-            engine.stop()
-        raise errors[0]
-    return engines
-
-
 @pytest.fixture(scope="session")
 def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePair]:
     log_dir = Path(os.environ.get("VERSIONED_LORA_ENGINE_LOGS", tmp_path_factory.mktemp("engine-logs")))
     configs = [
         EngineConfig(
             model_dir=fixtures.model_dir,
-            port=_free_port_block(),
+            port=free_port_block(),
             log_path=log_dir / f"E{i}.log",
             extra_args=TEST_ENGINE_ARGS,
             env={TOKEN_ENV: TEST_TOKEN},
         )
         for i in range(2)
     ]
-    e0, e1 = start_engines(configs)
+    e0, e1 = start_all(configs)
     try:
         yield EnginePair(e0, e1)
     finally:

@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
     fixtures.set_defaults(func=_fixtures)
 
     demo = sub.add_parser("demo", help="the end-to-end demo on two local CPU engines")
-    demo.add_argument("--out", default="runs/demo", help="report directory")
+    from versioned_lora.demo import add_arguments
+
+    add_arguments(demo)
     demo.set_defaults(func=_demo)
 
     args = parser.parse_args(argv)

@@ -2,25 +2,38 @@
 
 from __future__ import annotations
 
+import gc
 import json
 import math
 import subprocess
 import sys
+import types
 
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from versioned_lora.adapters.manifest import DTYPE_ITEMSIZE, Manifest, TensorEntry, manifest_from_tensors
+from versioned_lora.adapters import transfer
+from versioned_lora.adapters.manifest import (
+    DTYPE_ITEMSIZE,
+    Manifest,
+    TensorEntry,
+    manifest_from_tensors,
+    verify_tensors,
+)
+from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.adapters.transfer import (
     ALIGNMENT,
     BucketPlan,
     MalformedPlan,
     OversizedBucket,
     PlanMismatch,
+    bucket_views,
+    clear_packed_cache,
     pack_all,
     pack_bucket,
+    packed_buckets,
     split_bucket,
 )
 
@@ -173,3 +186,100 @@ def test_receiver_half_imports_only_torch() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("max_bytes", [96, 130, 4096])
+def test_views_are_bit_exact_and_live_in_the_bucket_buffer(max_bytes: int) -> None:
+    # What the receiver hands out: no copy per tensor; the stash keeps the bucket's buffer alive.
+    tensors = odd_tensors()
+    plan = BucketPlan.build(manifest_from_tensors(tensors, CONFIG), max_bytes)
+    received: dict[str, torch.Tensor] = {}
+    for i, flat in enumerate(pack_all(tensors, plan)):
+        part = bucket_views(flat, plan, i)
+        assert list(part) == list(plan.buckets[i].names)
+        for tensor in part.values():
+            if tensor.numel():
+                assert tensor.untyped_storage().data_ptr() == flat.untyped_storage().data_ptr()
+            assert tensor.is_contiguous()
+        received.update(part)
+    assert sorted(received) == sorted(tensors)
+    for name, tensor in tensors.items():
+        assert received[name].dtype == tensor.dtype and received[name].shape == tensor.shape
+        assert torch.equal(received[name], tensor), name
+    verify_tensors(manifest_from_tensors(tensors, CONFIG), received)
+
+
+def test_a_plan_with_small_alignment_still_round_trips() -> None:
+    # alignment 1 puts f64/f16 tensors at odd offsets, where no dtype view exists: those are copied.
+    tensors = odd_tensors()
+    plan = BucketPlan.build(manifest_from_tensors(tensors, CONFIG), 4096, alignment=1)
+    flat = pack_bucket(tensors, plan, 0)
+    assert flat.numel() == sum(t.numel() * t.element_size() for t in tensors.values())
+    received = bucket_views(flat, plan, 0)
+    assert sorted(received) == sorted(tensors)
+    for name, tensor in tensors.items():
+        assert torch.equal(received[name], tensor), name
+    with pytest.raises(PlanMismatch):
+        bucket_views(flat[1:], plan, 0)
+
+
+def test_pack_bucket_never_aliases_its_input() -> None:
+    tensors = {"only": torch.arange(64, dtype=torch.float32)}
+    plan = BucketPlan.build(manifest_from_tensors(tensors, CONFIG), 4096)
+    flat = pack_bucket(tensors, plan, 0)
+    assert flat.untyped_storage().data_ptr() != tensors["only"].untyped_storage().data_ptr()
+    flat.zero_()
+    assert tensors["only"][1] == 1
+
+
+def frozen(tensors: dict[str, torch.Tensor]) -> Snapshot:
+    return Snapshot(tensors=types.MappingProxyType(tensors), manifest=manifest_from_tensors(tensors, CONFIG))
+
+
+def test_packed_buckets_are_cached_per_snapshot_plan_and_device() -> None:
+    clear_packed_cache()
+    snapshot = frozen(odd_tensors())
+    plan = BucketPlan.build(snapshot.manifest, 130)
+    first = packed_buckets(snapshot, plan)
+    assert all(torch.equal(a, b) for a, b in zip(first, pack_all(snapshot.tensors, plan), strict=True))
+    again = packed_buckets(snapshot, plan, torch.device("cpu"))
+    assert all(a is b for a, b in zip(first, again, strict=True))  # not packed twice
+    equal_plan = BucketPlan.from_json(plan.to_json())
+    assert all(a is b for a, b in zip(first, packed_buckets(snapshot, equal_plan), strict=True))
+    other_plan = BucketPlan.build(snapshot.manifest, 4096)
+    other = packed_buckets(snapshot, other_plan)
+    assert len(other) == 1 and other[0].numel() == other_plan.buckets[0].nbytes
+    # An equal but distinct snapshot object is packed anew (the cache goes by object, held weakly).
+    twin = frozen(dict(snapshot.tensors))
+    assert all(a is not b for a, b in zip(first, packed_buckets(twin, plan), strict=True))
+    with pytest.raises(PlanMismatch):
+        packed_buckets(snapshot, BucketPlan.build(frozen({"x": torch.ones(3)}).manifest, 4096))
+
+
+def test_the_packed_cache_is_bounded_and_forgets_dead_snapshots() -> None:
+    clear_packed_cache()
+    snapshots = [frozen({"x": torch.full((5,), float(i))}) for i in range(transfer.PACKED_CACHE_ENTRIES + 2)]
+    plans = [BucketPlan.build(s.manifest, 4096) for s in snapshots]
+    for snapshot, plan in zip(snapshots, plans, strict=True):
+        packed_buckets(snapshot, plan)
+    assert len(transfer._packed_cache) == transfer.PACKED_CACHE_ENTRIES
+    # The most recent entries stay; the oldest went first.
+    assert packed_buckets(snapshots[-1], plans[-1]) is packed_buckets(snapshots[-1], plans[-1])
+    del snapshots[-1], snapshot
+    gc.collect()
+    assert len(transfer._packed_cache) == transfer.PACKED_CACHE_ENTRIES - 1
+    clear_packed_cache()
+    assert not transfer._packed_cache
+
+
+def test_prepared_receive_buffers_are_handed_out_once() -> None:
+    tensors = odd_tensors()
+    plan = BucketPlan.build(manifest_from_tensors(tensors, CONFIG), 130)
+    transfer.prepare_receive(plan)
+    first = transfer._take_prepared(plan, 0, "cpu")
+    assert first is not None
+    flat, views = first
+    assert flat.numel() == plan.buckets[0].nbytes and set(views) <= set(plan.buckets[0].names)
+    assert transfer._take_prepared(plan, 0, "cpu") is None  # never the same buffer twice
+    assert transfer._take_prepared(BucketPlan.from_json(plan.to_json()), 1, "cpu") is None  # by plan object
+    assert transfer._take_prepared(plan, 1, "cpu") is not None

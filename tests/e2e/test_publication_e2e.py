@@ -18,6 +18,7 @@ import torch
 from deployment import Deployment, engine_wide_deltas
 from engine_helpers import PROMPT, run
 
+from versioned_lora.adapters.sglang_client import UnknownOutcome
 from versioned_lora.adapters.snapshot import snapshot_from_peft_model
 from versioned_lora.lifecycle import Reserve
 from versioned_lora.lifecycle.results import Rejected
@@ -38,7 +39,10 @@ async def deployed(engines, fixtures, tmp_path) -> AsyncIterator[Deployment]:  #
         # Test teardown (not the protocol): unload whatever this deployment left on the engines so
         # later tests find free managed slots.
         for client in deployment.clients.values():
-            status = await client.status()
+            try:
+                status = await client.status()
+            except UnknownOutcome:  # an engine a test killed: its restart starts with nothing loaded
+                continue
             for adapter in status["managed"]:
                 if adapter["state"] in ("READY", "STAGING") and str(deployment.epoch) in adapter["name"]:
                     await client.managed("reclaim", lora_name=adapter["name"], reclaim_id="teardown", wait_s=60)

@@ -200,6 +200,31 @@ class EngineProcess:
         self.stop()
 
 
+def start_all(configs: list[EngineConfig]) -> list[EngineProcess]:
+    """Start engines in parallel (each start is mostly waiting); if one fails, stop all and raise."""
+    import threading
+
+    engines = [EngineProcess(config) for config in configs]
+    errors: list[BaseException] = []
+
+    def start(engine: EngineProcess) -> None:
+        try:
+            engine.start()
+        except BaseException as exc:  # re-raised below, after every start finished
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(engine,)) for engine in engines]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    if errors:
+        for engine in engines:
+            engine.stop()
+        raise errors[0]
+    return engines
+
+
 def _signal_group(pgid: int, sig: signal.Signals) -> None:
     try:
         os.killpg(pgid, sig)
@@ -207,8 +232,22 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
         pass
 
 
+def free_port_block(size: int = 20, host: str = "127.0.0.1") -> int:
+    """A base port with `size` free ports above it (SGLang takes a few ports next to --port)."""
+    for _ in range(200):
+        with socket.socket() as probe:
+            probe.bind((host, 0))
+            base = int(probe.getsockname()[1])
+        if base + size < 65000 and all(_port_free(host, base + offset) for offset in range(size)):
+            return base
+    raise RuntimeError("no free port block")
+
+
 def _port_free(host: str, port: int) -> bool:
     with socket.socket() as probe:
+        # SO_REUSEADDR like uvicorn: a port left in TIME_WAIT by a killed server is free for a
+        # restart; only a live listener makes the bind fail.
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             probe.bind((host, port))
         except OSError:

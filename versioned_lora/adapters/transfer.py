@@ -5,16 +5,21 @@ stall cannot block another's transfer. Tensors travel in manifest (name) order, 
 buckets of at most `max_bucket_bytes`; each bucket is one `broadcast`. Both sides derive every size from
 the same `BucketPlan`, so nothing but payload crosses the group.
 
-The receiving half (`start_receive_bucket`, `receive_bucket`, `split_bucket`) runs inside SGLang's
-scheduler and needs nothing beyond torch and this package's pure-Python manifest module.
+The receiving half (`start_receive_bucket`, `receive_bucket`, `bucket_views`, `split_bucket`) runs inside
+SGLang's scheduler and needs nothing beyond torch and this package's pure-Python manifest module. A received
+bucket's tensors are views into that bucket's own buffer: the stash that keeps them owns the buffer.
 """
 
 from __future__ import annotations
 
+import collections
 import datetime
+import functools
 import hashlib
 import json
 import socket
+import threading
+import weakref
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -241,6 +246,33 @@ def _check_plan(plan: BucketPlan) -> None:
 
 
 # ---- packing and splitting -----------------------------------------------------------------------------------
+#
+# The cost of a transfer is per tensor, not per byte: an adapter has hundreds of small tensors and the wire moves
+# a bucket in well under a millisecond. So nothing here issues one device operation per tensor on the hot path:
+# a bucket is packed with one `torch.cat` over byte views, a snapshot's packed buckets are kept (`packed_buckets`)
+# so that sending it again costs no packing at all, and a received bucket is handed out as views into its own
+# buffer (no per-tensor copy). Views are made while the bucket is still on the wire.
+
+
+def _byte_parts(tensors: Mapping[str, torch.Tensor], bucket: Bucket, device: torch.device) -> list[torch.Tensor]:
+    """The uint8 pieces whose concatenation is the bucket's bytes (zero padding included), all on one device:
+    `device` when every source is there (or on no common device), else the sources' common device (the caller
+    then moves the one packed bucket instead of every tensor)."""
+    import torch
+
+    sources = [tensors[slot.name].detach() for slot in bucket.slots]
+    source_devices = {t.device for t in sources}
+    on = next(iter(source_devices)) if len(source_devices) == 1 else device
+    ends = [0, *(s.end for s in bucket.slots[:-1])]
+    gaps = [slot.offset - end for slot, end in zip(bucket.slots, ends, strict=True)]
+    zeros = torch.zeros(max(gaps, default=0), dtype=torch.uint8, device=on)
+    parts: list[torch.Tensor] = []
+    for gap, source in zip(gaps, sources, strict=True):
+        if gap:
+            parts.append(zeros[:gap])
+        raw = source.contiguous().reshape(-1).view(torch.uint8)
+        parts.append(raw if raw.device == on else raw.to(on))
+    return parts
 
 
 def pack_bucket(
@@ -248,15 +280,26 @@ def pack_bucket(
     *, check: bool = True,
 ) -> torch.Tensor:  # fmt: skip
     """Bucket `index` as one flat uint8 tensor on `device` (padding zeroed, so identical input gives identical
-    bytes). With `check`, each tensor's dtype and shape must match the plan; its byte count always must."""
+    bytes). With `check`, each tensor's dtype and shape must match the plan; its byte count always must.
+
+    One `torch.cat` per bucket (plus one copy to `device` when the tensors live elsewhere), not one copy per
+    tensor. The result is fresh memory: it never aliases the inputs."""
     import torch
 
     check_bucket_tensors(tensors, plan, index, check_dtype_and_shape=check)
     bucket = plan.buckets[index]
-    flat = torch.zeros(bucket.nbytes, dtype=torch.uint8, device=device)
-    for slot in bucket.slots:
-        raw = tensors[slot.name].detach().contiguous().reshape(-1).view(torch.uint8)
-        flat[slot.offset : slot.end].copy_(raw)
+    target = torch.device(device)
+    parts = _byte_parts(tensors, bucket, target)
+    if not parts:
+        flat = torch.empty(0, dtype=torch.uint8, device=target)
+    elif len(parts) == 1:
+        flat = parts[0].to(target, copy=True)
+    else:
+        flat = torch.cat(parts)
+        if flat.device != target:
+            flat = flat.to(target)
+    if flat.numel() != bucket.nbytes:  # unreachable after check_bucket_tensors; guards the layout arithmetic
+        raise PlanMismatch(f"bucket {index} packed to {flat.numel()} bytes, plan says {bucket.nbytes}")
     return flat
 
 
@@ -284,6 +327,100 @@ def pack_all(
     return [pack_bucket(tensors, plan, i, device) for i in range(len(plan.buckets))]
 
 
+# Packed buckets of recently sent snapshots, so a snapshot sent again (to another engine, a retry, a late
+# joiner) costs no packing. Keyed by the snapshot object (held weakly: an entry goes when its snapshot does);
+# at most PACKED_CACHE_ENTRIES entries, least recently used first out. Each entry holds one extra copy of the
+# adapter on its device. Only objects with `tensors` and `digest` (a Snapshot) are cached, never a plain
+# mapping: a Snapshot is immutable by contract, and the receiver's digest check would catch a violation.
+PACKED_CACHE_ENTRIES = 2
+
+
+@attrs.define(eq=False)
+class _PackedEntry:
+    owner: weakref.ref[Any]
+    plan: BucketPlan
+    device: torch.device
+    flats: tuple[torch.Tensor, ...]
+
+
+_packed_cache: collections.OrderedDict[int, _PackedEntry] = collections.OrderedDict()
+_packed_lock = threading.Lock()
+
+
+def _normalised_device(device: str | torch.device) -> torch.device:
+    import torch
+
+    d = torch.device(device)
+    if d.type == "cuda" and d.index is None:
+        return torch.device("cuda", torch.cuda.current_device())
+    return d
+
+
+def _cached_flats(snapshot: object, plan: BucketPlan, device: torch.device) -> tuple[torch.Tensor, ...] | None:
+    with _packed_lock:
+        entry = _packed_cache.get(id(snapshot))
+        if entry is None or entry.owner() is not snapshot:
+            return None
+        if entry.device != device or not (entry.plan is plan or entry.plan == plan):
+            return None
+        _packed_cache.move_to_end(id(snapshot))
+        return entry.flats
+
+
+def _remember_flats(snapshot: object, plan: BucketPlan, device: torch.device, flats: Sequence[torch.Tensor]) -> None:
+    key = id(snapshot)
+
+    def forget(ref: weakref.ref[Any], lock: Any = _packed_lock, cache: Any = _packed_cache) -> None:
+        # Module globals may already be gone when this runs at interpreter exit: hold them here.
+        with lock:
+            entry = cache.get(key)
+            if entry is not None and entry.owner is ref:
+                del cache[key]
+
+    try:
+        owner = weakref.ref(snapshot, forget)
+    except TypeError:  # an object that takes no weak references is simply not cached
+        return
+    with _packed_lock:
+        _packed_cache[key] = _PackedEntry(owner, plan, device, tuple(flats))
+        _packed_cache.move_to_end(key)
+        while len(_packed_cache) > max(PACKED_CACHE_ENTRIES, 0):
+            _packed_cache.popitem(last=False)
+
+
+def clear_packed_cache() -> None:
+    """Drop every snapshot's packed buckets (frees their memory once no send is using them)."""
+    with _packed_lock:
+        _packed_cache.clear()
+
+
+def _snapshot_tensors(snapshot: _HasTensors, plan: BucketPlan) -> Mapping[str, torch.Tensor]:
+    if snapshot.digest != plan.manifest_digest:
+        raise PlanMismatch(f"plan is for {plan.manifest_digest[:12]}, snapshot is {snapshot.digest[:12]}")
+    return snapshot.tensors
+
+
+def packed_buckets(
+    snapshot: _HasTensors, plan: BucketPlan, device: str | torch.device = "cpu"
+) -> tuple[torch.Tensor, ...]:
+    """Every bucket of `snapshot` packed on `device`, from the cache or packed (and cached) now.
+
+    A publisher may call this when a candidate is prepared, so the transfer itself starts with packed
+    buckets; `send_all` uses the same cache. The tensors are shared: treat them as read-only."""
+    target = _normalised_device(device)
+    cached = _cached_flats(snapshot, plan, target)
+    if cached is not None:
+        return cached
+    tensors = _snapshot_tensors(snapshot, plan)
+    for i in range(len(plan.buckets)):
+        check_bucket_tensors(tensors, plan, i)
+    flats = tuple(pack_bucket(tensors, plan, i, target, check=False) for i in range(len(plan.buckets)))
+    if flats:
+        _sync_device(flats[-1])  # cached buffers must be complete before another stream or thread sends them
+    _remember_flats(snapshot, plan, target, flats)
+    return flats
+
+
 def allocate_buckets(plan: BucketPlan, device: str | torch.device = "cpu") -> list[torch.Tensor]:
     """Empty receive buffers for every bucket (the raw baseline's receiver side)."""
     import torch
@@ -291,13 +428,85 @@ def allocate_buckets(plan: BucketPlan, device: str | torch.device = "cpu") -> li
     return [torch.empty(b.nbytes, dtype=torch.uint8, device=device) for b in plan.buckets]
 
 
-def split_bucket(flat: torch.Tensor, plan: BucketPlan, index: int) -> dict[str, torch.Tensor]:
-    """The tensors of bucket `index`, each a clone (the stash owns its memory; the flat buffer can be freed)."""
-    out: dict[str, torch.Tensor] = {}
-    for slot in plan.buckets[index].slots:
-        view = flat[slot.offset : slot.end].view(torch_dtype(slot.dtype)).reshape(slot.shape)
-        out[slot.name] = view.clone()
+@attrs.frozen
+class _BucketLayout:
+    """What `bucket_views` needs, derived once per bucket: one typed view of the buffer per dtype, then per
+    tensor (name, which typed view, shape, contiguous stride, offset in elements)."""
+
+    dtypes: tuple[tuple[Any, int], ...]  # (torch dtype, itemsize)
+    entries: tuple[tuple[str, int, tuple[int, ...], tuple[int, ...], int], ...]
+    misaligned: tuple[BucketSlot, ...]  # offset not a multiple of the itemsize (only with a small alignment)
+
+
+# Layouts by bucket identity (hashing a frozen plan by value costs more than a layout saves).
+_layouts: dict[int, tuple[weakref.ref[Bucket], _BucketLayout]] = {}
+
+
+def _contiguous_stride(shape: tuple[int, ...]) -> tuple[int, ...]:
+    stride, step = [], 1
+    for d in reversed(shape):
+        stride.append(step)
+        step *= max(d, 1)
+    return tuple(reversed(stride))
+
+
+def _drop_key(table: dict[int, Any], key: int, _ref: object) -> None:
+    # A weakref callback; bound to its table so it still works while the module is torn down at exit.
+    table.pop(key, None)
+
+
+def _layout(bucket: Bucket) -> _BucketLayout:
+    key = id(bucket)
+    found = _layouts.get(key)
+    if found is not None and found[0]() is bucket:
+        return found[1]
+    dtypes: list[tuple[Any, int]] = []
+    entries = []
+    misaligned = []
+    for slot in bucket.slots:
+        itemsize = DTYPE_ITEMSIZE[slot.dtype]
+        if slot.offset % itemsize:
+            misaligned.append(slot)
+            continue
+        dtype = torch_dtype(slot.dtype)
+        if (dtype, itemsize) not in dtypes:
+            dtypes.append((dtype, itemsize))
+        entries.append((slot.name, dtypes.index((dtype, itemsize)), slot.shape, _contiguous_stride(slot.shape),
+                        slot.offset // itemsize))  # fmt: skip
+    layout = _BucketLayout(tuple(dtypes), tuple(entries), tuple(misaligned))
+    _layouts[key] = (weakref.ref(bucket, functools.partial(_drop_key, _layouts, key)), layout)
+    return layout
+
+
+def _aligned_views(flat: torch.Tensor, layout: _BucketLayout) -> dict[str, torch.Tensor]:
+    n = flat.numel()
+    makers = [flat[: n - n % itemsize].view(dtype).as_strided for dtype, itemsize in layout.dtypes]
+    return {name: makers[k](shape, stride, offset) for name, k, shape, stride, offset in layout.entries}
+
+
+def _misaligned_copies(flat: torch.Tensor, layout: _BucketLayout) -> dict[str, torch.Tensor]:
+    return {
+        s.name: flat[s.offset : s.end].clone().view(torch_dtype(s.dtype)).reshape(s.shape) for s in layout.misaligned
+    }
+
+
+def bucket_views(flat: torch.Tensor, plan: BucketPlan, index: int) -> dict[str, torch.Tensor]:
+    """The tensors of bucket `index` as views into `flat` (no copy): they share `flat`'s memory, which stays
+    alive as long as any of them does. (A tensor whose offset is not a multiple of its itemsize, possible only
+    with a plan alignment below 8, cannot be viewed and is copied.)"""
+    if flat.numel() != plan.buckets[index].nbytes or flat.storage_offset() != 0:
+        raise PlanMismatch(f"buffer of {flat.numel()} bytes is not bucket {index} ({plan.buckets[index].nbytes})")
+    layout = _layout(plan.buckets[index])
+    out = _aligned_views(flat, layout)
+    if layout.misaligned:
+        out.update(_misaligned_copies(flat, layout))
     return out
+
+
+def split_bucket(flat: torch.Tensor, plan: BucketPlan, index: int) -> dict[str, torch.Tensor]:
+    """The tensors of bucket `index`, each a clone (they share nothing with `flat`). The receive path uses
+    `bucket_views` instead; this is for callers that must free or reuse `flat`."""
+    return {name: view.clone() for name, view in bucket_views(flat, plan, index).items()}
 
 
 # ---- the collective -------------------------------------------------------------------------------------------
@@ -343,12 +552,17 @@ def send_bucket(
 @attrs.define
 class PendingBucket:
     """A posted receive. `done()` polls without blocking, so a scheduler can keep decoding while it waits;
-    `result()` waits (up to a deadline) and splits the bucket into owned tensors."""
+    `result()` waits (up to a deadline) and returns the bucket's tensors.
+
+    The tensors are views into `flat`, the bucket's own receive buffer (allocated for this receive and
+    referenced by nothing else): whoever keeps them owns that buffer, which lives as long as any of them.
+    Nothing is copied per tensor; padding between tensors (under `alignment` bytes each) stays allocated."""
 
     plan: BucketPlan
     index: int
     flat: torch.Tensor
     work: Any  # torch.distributed Work, or None for a 0-byte bucket
+    views: dict[str, torch.Tensor] | None = None  # made while the bucket is on the wire; None: at result()
 
     def done(self) -> bool:
         # Also true once the backend's own timeout fired; result() then raises.
@@ -358,23 +572,78 @@ class PendingBucket:
         if self.work is not None:
             _wait(self.work, timeout, f"receive bucket {self.index}")
             _sync_device(self.flat)
-        return split_bucket(self.flat, self.plan, self.index)
+        if self.views is None:
+            return bucket_views(self.flat, self.plan, self.index)
+        out = dict(self.views)
+        layout = _layout(self.plan.buckets[self.index])
+        if layout.misaligned:  # copies need the bytes, so they are made only now
+            out.update(_misaligned_copies(self.flat, layout))
+        return out
+
+
+# Receive buffers made ahead by `prepare_receive`, by plan object (held weakly), then (device, bucket index).
+_prepared: dict[int, tuple[weakref.ref[BucketPlan], dict[tuple[Any, int], tuple[Any, dict[str, Any]]]]] = {}
+_prepared_lock = threading.Lock()
+
+
+def prepare_receive(plan: BucketPlan, device: str | torch.device = "cpu") -> None:
+    """Allocate every bucket's receive buffer and make its views now, so that `start_receive_bucket` with this
+    very plan object and device only posts the receive (each prepared buffer is used once, then the next
+    receive of that bucket allocates afresh).
+
+    Making the views costs a few microseconds per tensor of host time, which for hundreds of small tensors is
+    more than the wire time of the whole adapter: an engine calls this when it allocates a stash (at `begin`,
+    when the plan is known), so that cost is paid before the first byte moves. Optional; the memory is what
+    the stash holds once every bucket arrived."""
+    import torch
+
+    target = _normalised_device(device)
+    made = {
+        (target, i): (flat, _aligned_views(flat, _layout(bucket)))
+        for i, bucket in enumerate(plan.buckets)
+        for flat in [torch.empty(bucket.nbytes, dtype=torch.uint8, device=target)]
+    }
+    key = id(plan)
+    with _prepared_lock:
+        found = _prepared.get(key)
+        if found is None or found[0]() is not plan:
+            found = (weakref.ref(plan, functools.partial(_drop_key, _prepared, key)), {})
+            _prepared[key] = found
+        found[1].update(made)
+
+
+def _take_prepared(plan: BucketPlan, index: int, device: str | torch.device) -> tuple[Any, dict[str, Any]] | None:
+    with _prepared_lock:
+        found = _prepared.get(id(plan))
+        if found is None or found[0]() is not plan or not found[1]:
+            return None
+        return found[1].pop((_normalised_device(device), index), None)
 
 
 def start_receive_bucket(
     group: dist.ProcessGroup, plan: BucketPlan, index: int, device: str | torch.device = "cpu", src_rank: int = 0
 ) -> PendingBucket:
+    """Post the receive of bucket `index` into its own buffer (fresh, or made by `prepare_receive`) and return
+    at once (see PendingBucket)."""
     import torch
     import torch.distributed as dist
 
-    flat = torch.empty(plan.buckets[index].nbytes, dtype=torch.uint8, device=device)
+    prepared = _take_prepared(plan, index, device) if _prepared else None
+    if prepared is not None:
+        flat, views = prepared
+    else:
+        flat = torch.empty(plan.buckets[index].nbytes, dtype=torch.uint8, device=device)
+        views = None
     if flat.numel() == 0:
-        return PendingBucket(plan, index, flat, None)
+        return PendingBucket(plan, index, flat, None, views)
     try:
         work = dist.broadcast(flat, src=src_rank, group=group, async_op=True)
     except RuntimeError as exc:
         raise BucketTransferFailed(f"receive bucket {index}: {exc}") from exc
-    return PendingBucket(plan, index, flat, work)
+    if views is None:
+        # The views are metadata only: make them now, while the bytes are on the wire, not after they landed.
+        views = _aligned_views(flat, _layout(plan.buckets[index]))
+    return PendingBucket(plan, index, flat, work, views)
 
 
 def receive_bucket(
@@ -385,7 +654,8 @@ def receive_bucket(
     src_rank: int = 0,
     timeout: datetime.timedelta | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Receive bucket `index` and return its tensors (owned clones, dtype and shape from the plan)."""
+    """Receive bucket `index` and return its tensors (dtype and shape from the plan): views into the bucket's
+    own buffer, which the caller then owns (see PendingBucket)."""
     return start_receive_bucket(group, plan, index, device, src_rank).result(timeout)
 
 
@@ -426,30 +696,65 @@ def send_all(
     device: str | torch.device = "cpu",
     src_rank: int = 0,
     timeout: datetime.timedelta | None = None,
+    cache: bool = True,
 ) -> SendReport:
-    """Send every bucket to every group, bucket i everywhere before bucket i+1.
+    """Send every bucket to every group, in bucket order on each group.
 
-    The broadcasts of one bucket to all groups run concurrently, and bucket i+1 is packed while bucket i is
-    on the wire. A group that fails is dropped and the others continue (its engine's attempt is then
-    cleaned up by the protocol). `on_bucket_done(i)` runs after the sends of bucket i completed on every live
-    group and before bucket i+1 is sent: tests use it to hold the sender mid-transfer. (A completed send means
-    the bytes left this process; see SendReport.)
+    The broadcasts of one bucket to all groups run concurrently. A snapshot (an object with `tensors` and
+    `digest`) is packed once and its packed buckets are kept (`packed_buckets`; `cache=False` neither reads
+    nor fills the cache): sending it again sends them as they are. Otherwise bucket i+1 is packed (one
+    `torch.cat`) while bucket i is on the wire. Without `on_bucket_done`, bucket i+1 is posted before
+    bucket i is waited for (two in flight per group), so the wire never idles on a host round trip.
+
+    A group that fails is dropped and the others continue (its engine's attempt is then cleaned up by the
+    protocol). `on_bucket_done(i)` runs after the sends of bucket i completed on every live group and before
+    bucket i+1 is posted: tests use it to hold the sender mid-transfer. (A completed send means the bytes
+    left this process; see SendReport.)
     """
     import torch.distributed as dist
 
-    if isinstance(snapshot, Mapping):
-        tensors = snapshot
-    else:
-        if snapshot.digest != plan.manifest_digest:
-            raise PlanMismatch(f"plan is for {plan.manifest_digest[:12]}, snapshot is {snapshot.digest[:12]}")
-        tensors = snapshot.tensors
-    # Check every tensor before the first byte leaves, so a bad input never strands a receiver mid-attempt.
-    for i in range(len(plan.buckets)):
-        check_bucket_tensors(tensors, plan, i)
+    target = _normalised_device(device)
+    cacheable = cache and not isinstance(snapshot, Mapping)
+    count = len(plan.buckets)
+    # A hit was checked against this very snapshot object and an equal plan when it was packed; computing the
+    # digest again (hundreds of microseconds for hundreds of tensors) would cost as much as the wire.
+    cached = _cached_flats(snapshot, plan, target) if cacheable else None
+    tensors = (
+        snapshot if isinstance(snapshot, Mapping) else _snapshot_tensors(snapshot, plan) if cached is None else {}
+    )
+    if cached is None:
+        # Check every tensor before the first byte leaves, so a bad input never strands a receiver mid-attempt.
+        for i in range(count):
+            check_bucket_tensors(tensors, plan, i)
+    packed: list[torch.Tensor] = []
+
+    def pack(i: int) -> torch.Tensor:
+        flat = cached[i] if cached is not None else pack_bucket(tensors, plan, i, target, check=False)
+        packed.append(flat)
+        return flat
+
     failures: dict[int, BaseException] = {}
     done = [0] * len(groups)
-    count = len(plan.buckets)
-    next_flat = pack_bucket(tensors, plan, 0, device) if count else None
+    depth = 1 if on_bucket_done is not None else 2
+    in_flight: collections.deque[tuple[int, torch.Tensor, list[tuple[int, Any]]]] = collections.deque()
+
+    def complete_oldest() -> None:
+        i, flat, works = in_flight.popleft()
+        for g, work in works:
+            if g in failures:  # failed on an earlier bucket: this one is abandoned with its group
+                continue
+            try:
+                _wait(work, timeout, f"bucket {i}")
+            except BucketTransferFailed as exc:
+                failures[g] = exc
+        _sync_device(flat)
+        for g in range(len(groups)):
+            if g not in failures:
+                done[g] = i + 1
+        if on_bucket_done is not None and len(failures) < len(groups):
+            on_bucket_done(i)
+
+    next_flat = pack(0) if count else None
     for i in range(count):
         flat, next_flat = next_flat, None
         if flat is None:  # unreachable: bucket i was packed in the previous round
@@ -462,21 +767,18 @@ def send_all(
                 works.append((g, dist.broadcast(flat, src=src_rank, group=group, async_op=True)))
             except RuntimeError as exc:
                 failures[g] = BucketTransferFailed(f"bucket {i}: {exc}")
+        in_flight.append((i, flat, works))
         # Pack the next bucket while this one is on the wire.
-        next_flat = pack_bucket(tensors, plan, i + 1, device) if i + 1 < count else None
-        for g, work in works:
-            try:
-                _wait(work, timeout, f"bucket {i}")
-            except BucketTransferFailed as exc:
-                failures[g] = exc
-        _sync_device(flat)
-        for g in range(len(groups)):
-            if g not in failures:
-                done[g] = i + 1
+        next_flat = pack(i + 1) if i + 1 < count else None
+        while len(in_flight) >= depth:
+            complete_oldest()
         if len(failures) == len(groups):
             break
-        if on_bucket_done is not None:
-            on_bucket_done(i)
+    while in_flight and len(failures) < len(groups):
+        complete_oldest()
+    if cacheable and cached is None and len(packed) == count and count:
+        _sync_device(packed[-1])
+        _remember_flats(snapshot, plan, target, packed)
     return SendReport(buckets_total=count, buckets_done=tuple(done), failures=failures)
 
 

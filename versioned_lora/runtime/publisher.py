@@ -234,12 +234,11 @@ class Publisher:
             await self._report(RecordPrepared(version, token, engine.name, stage.incarnation, candidate.digest),
                                f"prepared:{token}:{engine.name}:{stage.incarnation}")
 
-        await self._timed(phases, "begin", asyncio.gather(*(begin(e, s) for e, s in zip(targets, stages,
-                                                                                          strict=True))))
+        await self._timed(phases, "begin", settle_all([begin(e, s) for e, s in zip(targets, stages, strict=True)]))
         for index in range(candidate.bucket_count):
             # Bucket i completes on every target before bucket i+1 starts.
-            await self._timed(phases, f"bucket_{index}", asyncio.gather(
-                *(engine.transfer_bucket(candidate, token, index) for engine in targets)
+            await self._timed(phases, f"bucket_{index}", settle_all(
+                [engine.transfer_bucket(candidate, token, index) for engine in targets]
             ))
 
         async def end(engine: StagingEnginePort) -> None:
@@ -256,7 +255,7 @@ class Publisher:
             if isinstance(answer.result, Rejected):
                 raise EngineRefused(str(answer.result.reason), f"registry refused READY from {engine.name}")
 
-        await self._timed(phases, "end", asyncio.gather(*(end(engine) for engine in targets)))
+        await self._timed(phases, "end", settle_all([end(engine) for engine in targets]))
 
     async def _commit(self, version: VersionKey, token: str, phases: dict[str, float]) -> int:
         view = await self.registry.publication_view()
@@ -290,13 +289,26 @@ class Publisher:
     async def _clean_one(self, cleanup: CleanupOnEngine) -> None:
         engine = self.engines[cleanup.engine]
         try:
-            await asyncio.wait_for(engine.cleanup(cleanup.lora_name, cleanup.attempt_token), self.deadlines.cleanup)
+            await asyncio.wait_for(self._clean_when_idle(engine, cleanup), self.deadlines.cleanup)
         except (EngineUnreachable, TimeoutError):
             await self._report(RecordUnknown(cleanup.version, cleanup.attempt_token, cleanup.engine),
                                f"unknown:{cleanup.attempt_token}:{cleanup.engine}:{time.monotonic_ns()}")
             raise
         await self._report(RecordCleaned(cleanup.version, cleanup.attempt_token, cleanup.engine),
                            f"cleaned:{cleanup.attempt_token}:{cleanup.engine}")
+
+    @staticmethod
+    async def _clean_when_idle(engine: StagingEnginePort, cleanup: CleanupOnEngine) -> None:
+        # A loaded candidate that a request still holds (its own probe, say) answers IN_USE; nothing is
+        # unloaded under a request, so wait for it and ask again (bounded by the cleanup deadline).
+        while True:
+            try:
+                await engine.cleanup(cleanup.lora_name, cleanup.attempt_token)
+                return
+            except EngineRefused as refused:
+                if refused.reason != "IN_USE":
+                    raise
+                await asyncio.sleep(0.1)
 
     async def recover(self) -> list[PublishOutcome]:
         """A publisher that crashed mid-attempt is finished by the next one: every attempt still pending
@@ -350,6 +362,16 @@ class Publisher:
         # The no-progress bound: never wait past the last progress + max_no_progress.
         remaining = self._last_progress + self.deadlines.max_no_progress - time.monotonic()
         return max(0.0, min(limit, remaining))
+
+
+async def settle_all(calls: Sequence[Awaitable[Any]]) -> list[Any]:
+    """Like gather, but every call has finished (or failed) before the first error is raised: a phase
+    that failed on one engine never leaves the other engine's work racing the cleanup that follows."""
+    results = await asyncio.gather(*calls, return_exceptions=True)
+    for result in results:
+        if isinstance(result, BaseException):
+            raise result
+    return list(results)
 
 
 async def submit_until_known(registry: RegistryPort, event: Any, key: str, deadline_s: float) -> Any:

@@ -1,0 +1,484 @@
+"""Online publication benchmark (issue 9, RFC §7.3): managed publication vs today's pause-and-overwrite.
+
+Same engines, same closed-loop agentic traffic (the demo's: `--concurrency` sessions with tool turns),
+no fault injection, two modes:
+
+- managed: `Publisher.publish` of a new immutable version while sessions keep running; sessions bound to
+  the old version finish on it, then it is reclaimed (outside the measured windows, traffic running);
+- baseline (what Relax does today): POST /pause_generation {"mode": "abort"} -> /flush_cache ->
+  /unload_lora_adapter + /load_lora_adapter of the same unmanaged name -> /continue_generation, on both
+  engines; every request carries that one fixed name.
+
+Design, fixed before the run (printed first): pairs of (steady window, publication window) of
+`--window` seconds each, the publication starting `--offset` seconds into its window; `--pairs` pairs per
+mode, modes alternating pair by pair (M, B, M, B, ...); before every pair the traffic of that mode runs a
+`--warmup` that is discarded (this also discards the cold period after every baseline flush, since the
+next baseline steady window comes after a warm-up). Per window: throughput, latency p50/p95/p99, longest
+no-progress interval per engine (chunk arrival times of one streamed generation kept in flight per
+engine), failed/aborted requests, cached-token rate of continuing turns, managed versions held, and the
+engine-wide audit counters (pause/flush/abort_all). Ratios are publication window over steady window per
+pair; medians over pairs with 95% bootstrap intervals (resampling pairs).
+
+The publication floor is measured in the same run, under managed traffic, between windows: a raw gloo
+transfer of the same buckets + one stock native load + the probe (see `versioned_lora.demo.floor`).
+
+Not a test: nothing is asserted. Last line:
+    tput_ratio=… p95_ratio=… gap_ratio=… failed=… aborted=… pauses=… publish_s=… floor_ratio=…
+
+    python benchmarks/online_publication.py [--quick] [--out runs/bench] [--engines URL0,URL1 --token T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import random
+import statistics
+import sys
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
+from versioned_lora.demo.report import jsonable
+from versioned_lora.demo.stack import PROBE_PROMPT, Stack, ensure_ray, load_fixtures, new_token, start_engines
+from versioned_lora.demo.traffic import (
+    ClosedLoopTraffic,
+    ProgressMonitor,
+    RecordingBackend,
+    RegistrySampler,
+    TrafficShape,
+    longest_gap,
+    percentile,
+    tool_with_latency,
+)
+from versioned_lora.lifecycle import SessionKey, VersionKey
+from versioned_lora.runtime.agentic_driver import AgenticDriver
+from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse
+from versioned_lora.runtime.session_binder import Binding, CloseReport
+
+FIXED_NAME = "policy-fixed"  # the one unmanaged name the baseline overwrites (Relax's fixed adapter name)
+AUDITED = ("pause_generation", "flush_cache", "abort_all", "continue_generation", "base_weight_update")
+
+
+# ------------------------------------------------------------------------------------------ baseline binder
+
+
+class FixedNameBinder:
+    """What the agentic layer does today: every request carries the one fixed adapter name; nothing is bound
+    and nothing is released. Implements the part of `SessionBinder` that `AgenticDriver` uses."""
+
+    def __init__(self, backend: Any, epoch: int) -> None:
+        self.backend = backend
+        self.epoch = epoch
+        self.seq = 0
+        self.binding = Binding(VersionKey(epoch, "fixed"), FIXED_NAME)
+        self.ids: dict[SessionKey, str] = {}
+
+    def open(self, session_id: str) -> SessionKey:
+        key = SessionKey(self.epoch, 99, self.seq)
+        self.seq += 1
+        self.ids[key] = session_id
+        return key
+
+    async def bind_first(self, key: SessionKey) -> Binding:
+        return self.binding
+
+    async def generate(self, key: SessionKey, input_ids: Sequence[int], max_new_tokens: int, *,
+                       sampling: Any = None, rid: str | None = None) -> BackendResponse:
+        request = BackendRequest(rid or f"{self.ids[key]}/x", tuple(input_ids), FIXED_NAME, max_new_tokens,
+                                 dict(sampling or {}))
+        response: BackendResponse = await self.backend.generate(request)
+        return response
+
+    async def abort(self, key: SessionKey, rid: str) -> None:
+        await self.backend.abort(rid)
+
+    async def resolve_unknown(self, key: SessionKey, rid: str) -> None:
+        await self.backend.abort(rid)
+
+    async def finish(self, key: SessionKey) -> CloseReport:
+        self.ids.pop(key, None)
+        return CloseReport(key, False, (), ())
+
+
+async def overwrite_publication(clients: Sequence[SGLangClient], adapter_dir: Path) -> dict[str, float]:
+    """Relax today, on every engine at once: pause (abort) -> flush -> unload + load the same name -> continue."""
+    http = [c._http for c in clients]  # the stock control endpoints; the client has no wrapper for these
+    phases: dict[str, float] = {}
+
+    async def each(label: str, call: Callable[[Any], Any]) -> None:
+        started = time.monotonic()
+        answers = await asyncio.gather(*(call(h) for h in http))
+        for answer in answers:
+            if answer.status_code != 200:
+                raise RuntimeError(f"{label}: HTTP {answer.status_code} {answer.text[:200]}")
+        phases[label] = time.monotonic() - started
+
+    await each("pause", lambda h: h.post("/pause_generation", json={"mode": "abort"}))
+    await each("flush", lambda h: h.post("/flush_cache"))
+    await each("unload", lambda h: h.post("/unload_lora_adapter", json={"lora_name": FIXED_NAME}))
+    await each("load", lambda h: h.post("/load_lora_adapter", json={"lora_name": FIXED_NAME,
+                                                                    "lora_path": str(adapter_dir)}))
+    await each("continue", lambda h: h.post("/continue_generation", json={"torch_empty_cache": False}))
+    return phases
+
+
+# ------------------------------------------------------------------------------------------ measurement
+
+
+@attrs.define
+class Window:
+    mode: str
+    kind: str  # steady | publication
+    pair: int
+    start: float
+    end: float
+    audit: dict[str, int] = attrs.field(factory=dict)
+    managed_max: int = 0
+    figures: dict[str, Any] = attrs.field(factory=dict)
+
+
+def window_figures(window: Window, recorder: RecordingBackend, monitor: ProgressMonitor) -> dict[str, Any]:
+    inside = [r for r in recorder.records if window.start <= r.end < window.end]
+    ok = [r for r in inside if r.outcome == "ok"]
+    latencies = [r.latency for r in ok]
+    seconds = window.end - window.start
+    continuing = [r for r in ok if r.turn > 0]
+    gaps = [longest_gap(chunks, window.start, window.end) for chunks in monitor.chunks]
+    return {
+        "requests_ok": len(ok),
+        "throughput_rps": len(ok) / seconds,
+        "tokens_per_s": sum(r.output_tokens for r in inside) / seconds,
+        "latency_p50_s": percentile(latencies, 0.5),
+        "latency_p95_s": percentile(latencies, 0.95),
+        "latency_p99_s": percentile(latencies, 0.99),
+        "no_progress_s": {f"E{i}": g for i, g in enumerate(gaps)},
+        "no_progress_max_s": max(gaps),
+        "failed": sum(1 for r in inside if r.outcome == "failed"),
+        "aborted": sum(1 for r in inside if r.outcome == "aborted"),
+        "unknown": sum(1 for r in inside if r.outcome == "unknown"),
+        "cached_token_rate_continuing": (sum(r.cached_tokens for r in continuing)
+                                         / max(1, sum(r.prompt_tokens for r in continuing))),
+    }
+
+
+def bootstrap_median(values: Sequence[float], rounds: int = 2000, seed: int = 7) -> tuple[float, float, float]:
+    clean = [v for v in values if v == v]  # drop NaN
+    if not clean:
+        return float("nan"), float("nan"), float("nan")
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(clean, k=len(clean))) for _ in range(rounds))
+    return statistics.median(clean), medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
+
+
+def ratio(a: float, b: float) -> float:
+    return a / b if b else float("nan")
+
+
+# ------------------------------------------------------------------------------------------ the run
+
+
+class Bench:
+    def __init__(self, stack: Stack, args: argparse.Namespace) -> None:
+        self.stack = stack
+        self.args = args
+        self.shape = TrafficShape(concurrency=args.concurrency)
+        self.recorder = RecordingBackend(stack.backend, stack.route)
+        self.monitor = ProgressMonitor(list(stack.clients.values()))
+        self.sampler = RegistrySampler(stack.registry, list(stack.clients.values()), stack.labels.get)
+        self.windows: list[Window] = []
+        self.publications: list[dict[str, Any]] = []
+        self.floors: list[dict[str, float]] = []
+        self.reclaims: list[dict[str, Any]] = []
+        self.floor_errors: list[str] = []
+        self.current: tuple[VersionKey, str] | None = None  # managed default (version, label)
+        self.serial = 0
+        self.shard = 0
+
+    async def audit_total(self) -> dict[str, int]:
+        audit = await self.stack.audit()
+        return {k: sum(a[k] for a in audit.values()) for k in AUDITED}
+
+    def traffic(self, mode: str) -> ClosedLoopTraffic:
+        if mode == "managed":
+            self.shard += 1
+            binder: Any = self.stack.binder(self.recorder, shard=self.shard)
+        else:
+            binder = FixedNameBinder(self.recorder, self.stack.epoch)
+        driver = AgenticDriver(binder, tool=tool_with_latency(self.shape.tool_latency_s))
+        return ClosedLoopTraffic(driver, self.shape, name=f"{mode[0]}{len(self.windows)}-", seed=len(self.windows))
+
+    async def publish_managed(self) -> dict[str, Any]:
+        self.serial += 1
+        label = f"v{self.serial}"
+        version, candidate = self.stack.candidate(label, adapter="AB"[self.serial % 2])
+        started = time.monotonic()
+        outcome = await self.stack.publisher.publish(version, candidate)
+        seconds = time.monotonic() - started
+        if not outcome.committed:
+            raise RuntimeError(f"managed publication of {label} failed: {outcome}")
+        previous = self.current
+        self.current = (version, label)
+        return {"mode": "managed", "version": label, "start": started, "seconds": seconds,
+                "phases": dict(outcome.phases), "previous": previous}
+
+    async def reclaim_previous(self, previous: tuple[VersionKey, str] | None) -> None:
+        if previous is None:
+            return
+        version, label = previous
+        started = time.monotonic()
+        while time.monotonic() - started < 120:
+            entry = (await self.stack.registry.publication_view()).versions.get(version)
+            if entry is None or entry.session_refs == 0:
+                break
+            await asyncio.sleep(0.25)
+        outcome = await self.stack.reclaimer.reclaim(version)
+        self.reclaims.append({"version": label, "status": outcome.status, "seconds": outcome.seconds,
+                              "waited_for_sessions_s": time.monotonic() - started - outcome.seconds})
+        if outcome.status != "RECLAIMED":
+            # Its sessions have not all finished (a very slow machine): try again before the next managed
+            # publication, which needs the slot.
+            self._pending_reclaim = previous
+            print(f"  reclaim of {label}: {outcome.status}; retried later", flush=True)
+
+    async def publish_baseline(self) -> dict[str, Any]:
+        self.serial += 1
+        started = time.monotonic()
+        phases = await overwrite_publication(list(self.stack.clients.values()),
+                                             self.stack.fixtures.adapters["AB"[self.serial % 2]])
+        return {"mode": "baseline", "version": FIXED_NAME, "start": started, "seconds": time.monotonic() - started,
+                "phases": phases}
+
+    async def measure_floor(self, raw: RawTransferFloor) -> None:
+        transfer = await raw.measure()
+        load, probe = await native_load_and_probe(list(self.stack.clients.values()),
+                                                  self.stack.fixtures.adapters["A"], PROBE_PROMPT)
+        self.floors.append({"raw_transfer_s": transfer, "native_load_s": load, "probe_s": probe,
+                            "floor_s": transfer + load + probe})
+
+    async def window(self, mode: str, kind: str, pair: int) -> Window:
+        start = time.monotonic()
+        audit = await self.audit_total()
+        window = Window(mode, kind, pair, start, start + self.args.window)
+        publication: dict[str, Any] | None = None
+        if kind == "steady" and mode == "managed" and self._pending_reclaim is not None:
+            pending, self._pending_reclaim = self._pending_reclaim, None
+            await self.reclaim_previous(pending)  # outside the window: its clock starts after this
+            start = time.monotonic()
+            window = Window(mode, kind, pair, start, start + self.args.window)
+        if kind == "publication":
+            await asyncio.sleep(self.args.offset)
+            publication = await (self.publish_managed() if mode == "managed" else self.publish_baseline())
+            publication["start"] -= self.t0
+            publication["pair"] = pair
+            self.publications.append(publication)
+        await asyncio.sleep(max(0.0, window.end - time.monotonic()))
+        after = await self.audit_total()
+        window.audit = {k: after[k] - audit[k] for k in AUDITED}
+        window.managed_max = max((s.managed for s in self.sampler.samples if start <= s.t <= window.end), default=0)
+        self.windows.append(window)
+        if publication is not None and publication.get("previous") is not None:
+            self._pending_reclaim = publication["previous"]
+        return window
+
+    async def run(self) -> None:
+        stack, args = self.stack, self.args
+        self.t0 = time.monotonic()
+        self._pending_reclaim = None
+        await stack.publisher.sync_incarnations()
+        first = await self.publish_managed()  # bootstrap: the managed mode's first default
+        self.publications.append({**first, "start": first["start"] - self.t0, "pair": -1, "bootstrap": True})
+        for client in stack.clients.values():  # the baseline's fixed name, loaded once up front
+            if await client.adapter(FIXED_NAME) is not None:  # left by an interrupted run
+                await client.unload_lora_adapter(FIXED_NAME)
+            result = await client.load_lora_adapter(FIXED_NAME, str(stack.fixtures.adapters["A"]))
+            if not result.get("success"):
+                raise RuntimeError(f"loading {FIXED_NAME}: {result}")
+        raw = RawTransferFloor(stack.candidates[self.current[0]], repeats=args.floors) if self.current else None
+        self.sampler.start()
+        self.monitor.start()
+        floors_left = args.floors
+        try:
+            for pair in range(args.pairs):
+                for mode in ("managed", "baseline") if pair % 2 == 0 else ("baseline", "managed"):
+                    traffic = self.traffic(mode)
+                    traffic.start()
+                    await asyncio.sleep(args.warmup)  # discarded: mode switch, and the cold cache after a flush
+                    for kind in ("steady", "publication"):
+                        w = await self.window(mode, kind, pair)
+                        print(f"  {mode:8s} pair {pair} {kind:11s} done; audit {w.audit}", flush=True)
+                    if mode == "managed":
+                        pending, self._pending_reclaim = self._pending_reclaim, None
+                        await self.reclaim_previous(pending)
+                        if raw is not None and floors_left > 0:
+                            floors_left -= 1
+                            try:
+                                await self.measure_floor(raw)
+                                print(f"  floor: {json.dumps(jsonable(self.floors[-1]))}", flush=True)
+                            except Exception as exc:  # a floor that could not be measured is reported, not fatal
+                                self.floor_errors.append(f"{type(exc).__name__}: {exc}"[:500])
+                                print(f"  floor measurement failed: {self.floor_errors[-1]}", flush=True)
+                    traffic.stop()
+                    await traffic.join()
+                    self.transcripts = getattr(self, "transcripts", []) + traffic.transcripts
+        finally:
+            await self.monitor.stop()
+            await self.sampler.stop()
+            if raw is not None:
+                try:
+                    await raw.close()
+                except Exception as exc:  # the receivers are daemons; they die with this process
+                    self.floor_errors.append(f"close: {type(exc).__name__}: {exc}"[:300])
+            for client in stack.clients.values():
+                await client.unload_lora_adapter(FIXED_NAME)
+
+    def report(self) -> dict[str, Any]:
+        # Computed after the run: the progress monitor appends a stream's chunk times when it completes.
+        for w in self.windows:
+            w.figures = window_figures(w, self.recorder, self.monitor)
+            _log_window(w)
+        per_mode: dict[str, Any] = {}
+        for mode in ("managed", "baseline"):
+            pairs = sorted({w.pair for w in self.windows if w.mode == mode})
+            rows = []
+            for pair in pairs:
+                steady = next(w for w in self.windows if (w.mode, w.kind, w.pair) == (mode, "steady", pair))
+                pub = next(w for w in self.windows if (w.mode, w.kind, w.pair) == (mode, "publication", pair))
+                s, p = steady.figures, pub.figures
+                rows.append({
+                    "pair": pair,
+                    "tput_ratio": ratio(p["throughput_rps"], s["throughput_rps"]),
+                    "p95_ratio": ratio(p["latency_p95_s"], s["latency_p95_s"]),
+                    "gap_ratio": ratio(p["no_progress_max_s"], s["no_progress_max_s"]),
+                    "cache_rate_steady": s["cached_token_rate_continuing"],
+                    "cache_rate_publication": p["cached_token_rate_continuing"],
+                })
+            mine = [w for w in self.windows if w.mode == mode]
+            pubs = [x for x in self.publications if x["mode"] == mode and not x.get("bootstrap")]
+            per_mode[mode] = {
+                "pairs": rows,
+                "tput_ratio": bootstrap_median([r["tput_ratio"] for r in rows]),
+                "p95_ratio": bootstrap_median([r["p95_ratio"] for r in rows]),
+                "gap_ratio": bootstrap_median([r["gap_ratio"] for r in rows]),
+                "publish_s": bootstrap_median([x["seconds"] for x in pubs]),
+                "failed": sum(w.figures["failed"] for w in mine),
+                "aborted": sum(w.figures["aborted"] for w in mine),
+                "unknown": sum(w.figures["unknown"] for w in mine),
+                "audit": {k: sum(w.audit.get(k, 0) for w in mine) for k in AUDITED},
+                "managed_versions_max": max((w.managed_max for w in mine), default=0),
+                "cache_rate_steady": bootstrap_median([r["cache_rate_steady"] for r in rows]),
+                "cache_rate_publication": bootstrap_median([r["cache_rate_publication"] for r in rows]),
+            }
+        floor = bootstrap_median([f["floor_s"] for f in self.floors])
+        managed_publish = per_mode["managed"]["publish_s"][0]
+        return {
+            "design": {k: getattr(self.args, k) for k in ("window", "offset", "warmup", "pairs", "concurrency")},
+            "traffic_shape": attrs.asdict(self.shape),
+            "modes": per_mode,
+            "floor": {"components": self.floors, "errors": self.floor_errors, "floor_s": floor,
+                      "floor_ratio": ratio(managed_publish, floor[0])},
+            "publications": [{k: v for k, v in p.items() if k != "previous"} for p in self.publications],
+            "reclaims": self.reclaims,
+            "windows": [{"mode": w.mode, "kind": w.kind, "pair": w.pair, "start": w.start - self.t0,
+                         "end": w.end - self.t0, "audit": w.audit, "managed_max": w.managed_max, **w.figures}
+                        for w in self.windows],
+            "managed_over_time": [{"t": s.t - self.t0, "registry": s.managed, "engines": list(s.engine_managed)}
+                                  for s in self.sampler.samples],
+            "progress_probe_errors": self.monitor.errors[:20],
+            "session_errors": [t.error for t in getattr(self, "transcripts", []) if t.error][:20],
+        }
+
+
+def _log_window(w: Window) -> None:
+    f = w.figures
+    print(f"  {w.mode:8s} pair {w.pair} {w.kind:11s} {f['throughput_rps']:5.2f} req/s  p95 "
+          f"{1000 * f['latency_p95_s']:6.0f} ms  gap {f['no_progress_max_s']:5.2f} s  failed {f['failed']} "
+          f"aborted {f['aborted']}  cache {f['cached_token_rate_continuing']:.0%}  audit {w.audit}", flush=True)
+
+
+def _fmt(triple: Sequence[float]) -> str:
+    return f"{triple[0]:.3f} [{triple[1]:.3f}, {triple[2]:.3f}]"
+
+
+async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fixtures: Any, out: Path) -> int:
+    stack = Stack(urls, token, out, fixtures)
+    stack.bucket_bytes = args.bucket_bytes
+    bench = Bench(stack, args)
+    try:
+        await bench.run()
+    finally:
+        if args.engines:
+            await stack.unload_leftovers()
+        await stack.close()
+    report = bench.report()
+    (out / "online_publication.json").write_text(json.dumps(jsonable(report), indent=2))
+    for mode, m in report["modes"].items():
+        print(f"{mode:8s} tput_ratio {_fmt(m['tput_ratio'])}  p95_ratio {_fmt(m['p95_ratio'])}  gap_ratio "
+              f"{_fmt(m['gap_ratio'])}  publish_s {_fmt(m['publish_s'])}  failed {m['failed']} aborted "
+              f"{m['aborted']} unknown {m['unknown']}  audit {m['audit']}  cached-token rate steady "
+              f"{m['cache_rate_steady'][0]:.0%} -> publication {m['cache_rate_publication'][0]:.0%}  "
+              f"versions held max {m['managed_versions_max']}")
+    fl = report["floor"]
+    print(f"floor_s {_fmt(fl['floor_s'])} (raw transfer + native load + probe; components in the JSON)")
+    print(f"report: {out / 'online_publication.json'}")
+    m = report["modes"]["managed"]
+    print(f"tput_ratio={m['tput_ratio'][0]:.3f} p95_ratio={m['p95_ratio'][0]:.3f} gap_ratio={m['gap_ratio'][0]:.3f} "
+          f"failed={m['failed']} aborted={m['aborted']} pauses={m['audit']['pause_generation']} "
+          f"publish_s={m['publish_s'][0]:.3f} floor_ratio={fl['floor_ratio']:.3f}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default="runs/bench")
+    parser.add_argument("--pairs", type=int, default=5, help="window pairs per mode (>= 5)")
+    parser.add_argument("--window", type=float, default=15.0, help="window length, seconds")
+    parser.add_argument("--offset", type=float, default=3.0, help="publication start within its window, seconds")
+    parser.add_argument("--warmup", type=float, default=6.0, help="discarded traffic before every pair, seconds")
+    parser.add_argument("--concurrency", type=int, default=4, help="closed-loop agentic sessions")
+    parser.add_argument("--floors", type=int, default=3, help="floor measurements (between managed pairs)")
+    parser.add_argument("--bucket-bytes", type=int, default=1 << 20,
+                        help="max bucket size (default 1 MiB: the ~28 KB fixture adapter is one bucket)")
+    parser.add_argument("--quick", action="store_true", help="window 8 s, offset 2 s, warm-up 4 s")
+    parser.add_argument("--engines", help="attach to running engines: URL0,URL1 (default: start two)")
+    parser.add_argument("--token", help="managed-endpoint token of the attached engines")
+    args = parser.parse_args(argv)
+    if args.quick:
+        args.window, args.offset, args.warmup = 8.0, 2.0, 4.0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"design (fixed before the run): {args.pairs} pairs per mode, alternating; window {args.window}s; "
+          f"publication at +{args.offset}s; warm-up {args.warmup}s discarded before every pair; "
+          f"{args.concurrency} closed-loop agentic sessions; buckets <= {args.bucket_bytes} bytes", flush=True)
+    fixtures = load_fixtures()
+    started_ray = ensure_ray()
+    engines = []
+    try:
+        if args.engines:
+            urls, token = args.engines.split(","), args.token
+        else:
+            token = new_token()
+            began = time.monotonic()
+            engines = start_engines(fixtures, out, token)
+            print(f"engines up in {time.monotonic() - began:.0f}s", flush=True)
+            urls = [e.url for e in engines]
+        return asyncio.run(_main(args, urls, token, fixtures, out))
+    finally:
+        for engine in engines:
+            engine.stop()
+        if started_ray:
+            import ray
+
+            ray.shutdown()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,9 @@
+"""Explicit-state model checking of the composed system (registry + engines through the spec table,
+plus a hand-written environment), seeded simulation, liveness by SCC analysis, and the
+Hypothesis state machines built from the same table. Run `python -m model_checks --help`."""
+
+from model_checks.bfs import CheckResult, check
+from model_checks.bounds import Bounds
+from model_checks.system import PLANTED_BUGS, System
+
+__all__ = ["PLANTED_BUGS", "Bounds", "CheckResult", "System", "check"]

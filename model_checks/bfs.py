@@ -1,0 +1,130 @@
+"""Explicit-state breadth-first search with fingerprints (TLC style).
+
+The visited set maps a 64-bit fingerprint (Python's hash of the canonical all-int tuple: stable
+across runs, since no str is hashed) to its parent's fingerprint; the first violation found is at
+minimal depth, and its trace is rebuilt by walking forward from the initial state, re-generating
+successors and matching fingerprints (so no states or labels are stored per visited state).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+
+from model_checks.system import State, System
+
+NO_PARENT = -1  # hash() of a tuple is never -1
+
+
+@attrs.define
+class Violation:
+    problems: tuple[str, ...]
+    trace: list[tuple[tuple[Any, ...] | None, State]]  # (label that led here, state); first label is None
+
+
+@attrs.define
+class CheckResult:
+    generated: int = 0
+    distinct: int = 0
+    depth: int = 0
+    seconds: float = 0.0
+    complete: bool = True
+    violation: Violation | None = None
+    fingerprints: dict[int, int] = attrs.field(factory=dict, repr=False)
+
+    @property
+    def states_per_s(self) -> float:
+        return self.distinct / self.seconds if self.seconds > 0 else 0.0
+
+
+def check(system: System, progress: Callable[[int, int, int], None] | None = None) -> CheckResult:
+    """BFS over every reachable state within the bounds; stops at the first violation."""
+    sym = system.bounds.symmetry
+    canonical = system.canonical if sym else (lambda s: s)
+    max_depth = system.bounds.max_depth
+    result = CheckResult()
+    visited = result.fingerprints
+    started = time.perf_counter()
+    frontier: list[State] = []
+    for init in system.init_states():
+        c = canonical(init)
+        fp = hash(c)
+        if fp not in visited:
+            visited[fp] = NO_PARENT
+            frontier.append(c)
+            problems = system.state_problems(c)
+            if problems:
+                result.violation = Violation(problems, [(None, init)])
+                return _finish(result, started)
+    depth = 0
+    successors, state_problems = system.successors, system.state_problems
+    while frontier:
+        depth += 1
+        if max_depth and depth > max_depth:
+            result.complete = False
+            break
+        nxt: list[State] = []
+        append = nxt.append
+        for st in frontier:
+            parent = hash(st)
+            succs = successors(st)
+            result.generated += len(succs)
+            for label, s2, problems in succs:
+                if problems:
+                    result.violation = Violation(problems, _trace(system, visited, parent, label))
+                    result.depth = depth
+                    return _finish(result, started)
+                c = canonical(s2)
+                fp = hash(c)
+                if fp in visited:
+                    continue
+                visited[fp] = parent
+                problems = state_problems(c)
+                if problems:
+                    result.violation = Violation(problems, _trace(system, visited, parent, label))
+                    result.depth = depth
+                    return _finish(result, started)
+                append(c)
+        frontier = nxt
+        if frontier:
+            result.depth = depth
+        if progress is not None:
+            progress(depth, len(visited), len(frontier))
+    return _finish(result, started)
+
+
+def _finish(result: CheckResult, started: float) -> CheckResult:
+    result.distinct = len(result.fingerprints)
+    result.seconds = time.perf_counter() - started
+    return result
+
+
+def _trace(system: System, visited: dict[int, int], parent: int, last: tuple[Any, ...]) -> list[Any]:
+    """Shortest trace: the fingerprint chain back to an initial state, replayed forward on concrete
+    (not canonical) states, then the violating step `last`."""
+    chain = []
+    fp = parent
+    while fp != NO_PARENT:
+        chain.append(fp)
+        fp = visited[fp]
+    chain.reverse()
+    canonical = system.canonical if system.bounds.symmetry else (lambda s: s)
+    inits = [s for s in system.init_states() if hash(canonical(s)) == chain[0]]
+    state = inits[0]
+    steps: list[tuple[tuple[Any, ...] | None, State]] = [(None, state)]
+    for want in chain[1:]:
+        for label, s2, _ in system.successors(state):
+            if hash(canonical(s2)) == want:
+                steps.append((label, s2))
+                state = s2
+                break
+        else:
+            raise RuntimeError("trace reconstruction lost the path (fingerprint collision?)")
+    for label, s2, _ in system.successors(state):
+        if label == last:
+            steps.append((label, s2))
+            break
+    return steps

@@ -1,0 +1,57 @@
+"""The checker's parameters (stateright's `within_boundary` lives here too): sizes and fault budgets."""
+
+from __future__ import annotations
+
+import hashlib
+
+import attrs
+
+
+@attrs.frozen
+class Bounds:
+    """Sizes of the composed system and its finite fault budgets.
+
+    `crashes` is one budget shared by engine crash/restart, registry actor crash and publisher crash;
+    `failures` is the publisher's budget of failed attempts (a missed deadline that aborts, or a
+    manifest that does not verify at `end`); `turns` is how many generations one session runs
+    (every generation after the first is a tool turn); `session_aborts` bounds temporary aborts per
+    session; `max_depth` (0 = none) is the boundary on the BFS depth.
+    """
+
+    engines: int = 2
+    versions: int = 3
+    sessions: int = 3
+    drops: int = 1
+    dups: int = 1
+    crashes: int = 1
+    failures: int = 1
+    buckets: int = 1
+    turns: int = 1
+    session_aborts: int = 1
+    capacity: int = 2
+    symmetry: bool = True
+    bootstrapped: bool = False  # start from "A published and READY on every engine" (RFC §3.4)
+    atomic_sessions: bool = True  # a session's registry call is delivered in the step that sends it (faults aside)
+    concurrent_jobs: bool = False  # drivers run their engine jobs concurrently (else one at a time)
+    probes: bool = True  # stale/forged/late messages answered by no-op rows (see kernel.probe_*)
+    max_depth: int = 0
+    planted_bug: str = ""  # "" or a name from system.PLANTED_BUGS (an environment-model mutation)
+
+    def __attrs_post_init__(self) -> None:
+        if not (1 <= self.engines <= 4 and 1 <= self.versions <= 4 and 0 <= self.sessions <= 4):
+            raise ValueError(f"bounds out of range: {self}")
+
+    @property
+    def engine_names(self) -> tuple[str, ...]:
+        return tuple(f"E{i}" for i in range(self.engines))
+
+    @property
+    def version_ids(self) -> tuple[str, ...]:
+        return tuple("ABCD"[: self.versions])
+
+    def digest(self, version: int) -> str:
+        return hashlib.sha256(f"content-of-{self.version_ids[version]}".encode()).hexdigest()
+
+    def describe(self) -> str:
+        flags = [f"{k}={v}" for k, v in attrs.asdict(self).items()]
+        return " ".join(flags)

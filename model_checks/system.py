@@ -1,0 +1,892 @@
+"""The composed system: the registry and every engine (both through the core, see kernel.py) plus a
+hand-written environment: sessions, the publisher, the reclaimer, the restart supervisor, the jobs
+that carry out the core's effects, and the network.
+
+A state is a tuple of small ints (hashable, cheap to fingerprint):
+
+    (reg, engs, sess, pub, rec, jobs, running, net, budget)
+
+reg      interned RegistryState id
+engs     interned EngineAdapterState id per engine
+sess     per session (phase, version, engine, turns_left, aborts_left)
+pub      publisher (epoch, version index, phase, attempt token)
+rec      bitmask of versions the reclaimer has claimed
+jobs     sorted (kind, engine, version, token, incarnation, pos): effects being carried out
+running  sorted (engine, session, version): generation requests an engine has acquired a ref for
+net      sorted multiset of in-flight messages (reordering falls out of the multiset)
+budget   (drops, dups, crashes, failures) left
+
+What the model abstracts (and why it is sound for these properties): one shard per session (the
+session key's seq is always 0, so sessions are interchangeable); buckets are a count (content is
+the core's `manifest_ok` verdict); a timeout fires only when the request and its reply are both
+gone from the network (a spurious timeout is the same as a duplicate, which the dup budget covers);
+ReclaimEligible / CapacityFreed notifications are replaced by the drivers reading the registry
+(a subscription that never loses a notification); an engine's `wait_for_unload` returning is the
+engine-internal FinishUnload step; generation replies are matched by engine, not request id.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from typing import Any
+
+from model_checks.bounds import Bounds
+from model_checks.kernel import (
+    A_DRAINING,
+    A_READY,
+    A_STAGING,
+    A_UNREGISTERED,
+    DISPATCHABLE,
+    G_ABORT_REQ,
+    G_ACQUIRE,
+    G_BEGIN,
+    G_BUCKET,
+    G_CLEANUP,
+    G_END,
+    G_FINISH,
+    G_RECLAIM,
+    G_RELEASE,
+    G_STARTED,
+    J_CLEAN,
+    J_NOTIFY,
+    J_RECLAIM,
+    J_STAGE,
+    LOADED_ADAPTER,
+    NO,
+    OK,
+    P_READY,
+    R_ABORT,
+    R_BEGIN_CLOSE,
+    R_BIND,
+    R_CLAIM,
+    R_CLEANED,
+    R_CLOSE,
+    R_COMMIT,
+    R_CONFIRM,
+    R_OPEN,
+    R_PREPARED,
+    R_READY,
+    R_RESERVE,
+    R_RESTARTED,
+    R_UNKNOWN,
+    REASONS,
+    S_BOUND,
+    S_FINALIZING,
+    V_ABORTED,
+    V_FAILED_CLEAN,
+    V_LOADING,
+    V_RECLAIMED,
+    V_RECLAIMING,
+    V_RETIRED,
+    V_UNSEEN,
+    Kernel,
+    Transition,
+)
+from versioned_lora.lifecycle import CORE, Core
+from versioned_lora.spec import Reason
+
+REG, ENGS, SESS, PUB, REC, JOBS, RUN, NET, BUD = range(9)
+M_REG, M_ENG = range(2)
+C_SESSION, C_PUB, C_JOB, C_REC, C_SUP = range(5)
+# session phases
+SP_IDLE, SP_OPENING, SP_OPENED, SP_BINDING, SP_BOUND, SP_GENERATING, SP_FINALIZING, SP_CLOSING, SP_CLOSED = range(9)
+SESSION_PHASES = ("IDLE", "OPENING", "OPENED", "BINDING", "BOUND", "GENERATING", "FINALIZING", "CLOSING", "CLOSED")
+LIVE_BOUND = frozenset({SP_BOUND, SP_GENERATING})  # bound and may still dispatch
+# publisher phases
+PP_IDLE, PP_RESERVING, PP_STAGING, PP_COMMITTING, PP_ABORTING, PP_CLEANING, PP_RECOVER, PP_DONE = range(8)
+PUBLISHER_PHASES = ("IDLE", "RESERVING", "STAGING", "COMMITTING", "ABORTING", "CLEANING", "RECOVER", "DONE")
+DROPS, DUPS, CRASHES, FAILURES = range(4)
+NOT_READY = REASONS.index(Reason.NOT_READY)
+STALE_INCARNATION = REASONS.index(Reason.STALE_INCARNATION)
+
+# Environment-model mutations used to show the checker finds protocol bugs (tests/model_checks).
+PLANTED_BUGS = {
+    "release_on_abort": "a temporary abort also calls close_and_release (the session ref is released) "
+                        "and the session resumes with its binding",
+}
+
+State = tuple[Any, ...]
+Successor = tuple[tuple[Any, ...], State, tuple[str, ...]]
+
+
+class System:
+    """stateright's Model: `init_states`, `successors` (actions + next_state), `properties`."""
+
+    def __init__(self, bounds: Bounds, core: Core = CORE) -> None:
+        self.bounds = bounds
+        self.k = Kernel(bounds, core)
+        self.E, self.V, self.S, self.B = bounds.engines, bounds.versions, bounds.sessions, bounds.buckets
+        self.bug = bounds.planted_bug
+        if self.bug and self.bug not in PLANTED_BUGS:
+            raise ValueError(f"unknown planted bug {self.bug!r}; known: {sorted(PLANTED_BUGS)}")
+
+    # ================================================================ initial states
+
+    def init_states(self) -> list[State]:
+        k, b = self.k, self.bounds
+        session = (SP_IDLE, -1, -1, b.turns, b.session_aborts)
+        state: State = (k.initial_registry(), tuple(k.initial_engine(e) for e in range(self.E)),
+                        (session,) * self.S, (0, 0, PP_IDLE, -1), 0, (), (), (),
+                        (b.drops, b.dups, b.crashes, b.failures))
+        if b.bootstrapped:
+            state = self.bootstrap(state)
+        return [state]
+
+    def bootstrap(self, state: State) -> State:
+        """Run the fault-free publication of the first version (A) to completion: RFC §3.4's starting
+        point "default=A, A READY and pinned on both engines". Taken through `successors`, so the
+        start is a reachable state of the full model."""
+        preference = ("pub", "deliver", "job")
+        for _ in range(500):
+            if state[PUB][1] >= 1 and not state[JOBS] and not state[NET]:
+                return state
+            moves = [m for m in self.successors(state)
+                     if m[0][0] in preference and not m[2] and m[1][BUD] == state[BUD] and m[0] != ("pub", "abort")]
+            moves.sort(key=lambda m: (preference.index(m[0][0]), repr(m[0])))
+            state = moves[0][1]
+        raise RuntimeError("bootstrap did not converge")
+
+    # ================================================================ successors
+
+    def successors(self, st: State) -> list[Successor]:
+        out: list[Successor] = []
+        self._network(st, out)
+        self._sessions(st, out)
+        self._publisher(st, out)
+        self._reclaimer(st, out)
+        self._jobs(st, out)
+        self._engines(st, out)
+        self._faults(st, out)
+        self._probes(st, out)
+        return out
+
+    # ---------------------------------------------------------------- helpers
+
+    @staticmethod
+    def _net_add(net: tuple[Any, ...], *msgs: Any) -> tuple[Any, ...]:
+        return tuple(sorted(net + msgs))
+
+    @staticmethod
+    def _with(st: State, **parts: Any) -> State:
+        s = list(st)
+        for name, value in parts.items():
+            s[_PART[name]] = value
+        return tuple(s)
+
+    def _in_flight(self, net: tuple[Any, ...], client: tuple[int, ...]) -> bool:
+        """A request from `client` or a reply to it is still in the network."""
+        return any((m[1] if m[0] == M_REG else m[2]) == client for m in net)
+
+    def _reg_call(self, client: tuple[int, ...], code: tuple[int, ...]) -> tuple[Any, ...]:
+        return (M_REG, client, code)
+
+    def _eng_call(self, e: int, client: tuple[int, ...], code: tuple[int, ...]) -> tuple[Any, ...]:
+        return (M_ENG, e, client, code)
+
+    # ---------------------------------------------------------------- network: delivery
+
+    def _network(self, st: State, out: list[Successor]) -> None:
+        net = st[NET]
+        lose = st[BUD][DROPS] > 0
+        for i, m in enumerate(net):
+            if i and net[i - 1] == m:
+                continue  # identical copies deliver alike
+            rest = net[:i] + net[i + 1 :]
+            if m[0] == M_REG:
+                self._deliver_registry(st, m, rest, out, lose)
+            else:
+                self._deliver_engine(st, m, rest, out, lose)
+
+    def _deliver_registry(self, st: State, m: Any, rest: tuple[Any, ...], out: list[Successor], lose: bool) -> None:
+        """The registry steps; its reply reaches the caller in the same step (the caller's reaction is
+        local to it, so fusing it loses no interleaving), or is lost (a drop, `lose_reply`)."""
+        client, code = m[1], m[2]
+        t = self.k.reg_step(st[REG], code)
+        if t.row < 0:  # ProtocolError: a pair no row covers; the step is not taken
+            out.append((("deliver", m), st, t.problems))
+            return
+        base = self._with(st, reg=t.after, net=rest)
+        out.append((("deliver", m), self._reply(base, client, code, t.answer, t.jobs), t.problems))
+        if lose:
+            out.append((("deliver_lose_reply", m), self._with(base, bud=_spend(st[BUD], DROPS)), t.problems))
+
+    def _deliver_engine(self, st: State, m: Any, rest: tuple[Any, ...], out: list[Successor], lose: bool) -> None:
+        e, client, code = m[1], m[2], m[3]
+        engs = st[ENGS]
+        label = ("deliver", m)
+        if code[0] == G_ABORT_REQ:  # a session's temporary abort: ends its request if it is running here
+            s, v = client[1], code[1]
+            running = st[RUN]
+            if (e, s, v) not in running:
+                out.append((label, self._with(st, net=rest), ()))
+                return
+            t = self.k.eng_step(engs[e], (G_RELEASE, v))
+            new_engs = (*engs[:e], t.after, *engs[e + 1:])
+            out.append((label, self._with(st, engs=new_engs, run=_remove(running, (e, s, v)), net=rest),
+                        t.problems + self._unload_problems(st, e, t)))
+            return
+        t = self.k.eng_step(engs[e], code)
+        if t.row < 0:
+            out.append((label, st, t.problems))
+            return
+        new_engs = (*engs[:e], t.after, *engs[e + 1:])
+        problems = t.problems + self._unload_problems(st, e, t)
+        base = self._with(st, engs=new_engs, net=rest)
+        if code[0] == G_ACQUIRE:  # a generation request: on success it runs; the reply comes when it finishes
+            if t.answer[0] == OK:
+                out.append((label, self._with(base, run=tuple(sorted((*st[RUN], (e, client[1], code[1]))))),
+                            problems))
+            else:
+                out.append((label, self._session_reply(base, client[1], code, (NO, e)), problems))
+            return
+        out.append((label, self._reply(base, client, code, t.answer, ()), problems))
+        if lose:
+            out.append((("deliver_lose_reply", m), self._with(base, bud=_spend(st[BUD], DROPS)), problems))
+
+    def _unload_problems(self, st: State, e: int, t: Transition) -> tuple[str, ...]:
+        """Cross-cutting: nothing is physically unloaded while a session may still use the version
+        (registry session refs, or a live bound session in the environment) or a request holds it."""
+        if not t.unloads:
+            return ()
+        problems: list[str] = []
+        view = self.k.reg_views[st[REG]]
+        for v in t.unloads:
+            if view.refs[v]:
+                problems.append(f"cross invariant unload_only_when_unreferenced: {self.k.names[v]} unloaded on "
+                                f"E{e} with session_refs={view.refs[v]}")
+            if any(ph in LIVE_BOUND and sv == v for ph, sv, *_ in st[SESS]):
+                problems.append(f"cross invariant unload_only_when_unreferenced: {self.k.names[v]} unloaded on "
+                                f"E{e} while a live session is bound to it")
+            if any(re == e and rv == v for re, _, rv in st[RUN]):
+                problems.append(f"cross invariant unload_only_when_unreferenced: {self.k.names[v]} unloaded on "
+                                f"E{e} while a request holds it")
+        return tuple(problems)
+
+    # ---------------------------------------------------------------- replies reach their caller
+
+    def _reply(self, st: State, client: tuple[Any, ...], code: tuple[int, ...], answer: tuple[int, ...],
+               jobs: tuple[Any, ...]) -> State:
+        kind = client[0]
+        if kind == C_SESSION:
+            nxt = self._session_reply(st, client[1], code, answer)
+        elif kind == C_PUB:
+            nxt = self._publisher_reply(st, client[1], code, answer, jobs)
+        elif kind == C_JOB:
+            nxt = self._job_reply(st, client, code, answer, jobs)
+        else:  # the reclaimer: its claim's effects are reclaim jobs
+            nxt = self._with(st, jobs=self._add_jobs(st[JOBS], jobs))
+        return self._start_jobs(nxt)
+
+    def _restage_jobs(self, st: State, e: int) -> tuple[tuple[int, ...], ...]:
+        """What restart.new asked for, read back from the registry (its reply was lost)."""
+        view = self.k.reg_views[st[REG]]
+        jobs = []
+        for v in range(self.V):
+            p = view.placements[v][e]
+            if p is not None and p[0] in _RESTAGE and p[2] == view.incarnations[e]:
+                jobs.append((J_STAGE, e, v, p[1], p[2]))
+        return tuple(jobs)
+
+    def _start_jobs(self, st: State) -> State:
+        """Unstarted jobs send their first request (in the step that created them or that finished
+        their driver's previous job). Each driver (publisher: stage and cleanup; reclaimer; restart
+        supervisor) runs one job at a time, in job order, unless `concurrent_jobs`: a driver that
+        awaits each call in turn. With concurrent jobs the E0 and E1 pipelines interleave freely."""
+        unstarted = [j for j in st[JOBS] if j[5] == _JOB_UNSTARTED]
+        if not unstarted:
+            return st
+        if self.bounds.concurrent_jobs:
+            for job in unstarted:
+                st = self._advance(st, job, 0)
+            return st
+        busy = {_DRIVER[j[0]] for j in st[JOBS] if j[5] != _JOB_UNSTARTED}
+        for job in unstarted:
+            if _DRIVER[job[0]] not in busy:
+                busy.add(_DRIVER[job[0]])
+                st = self._advance(st, job, 0)
+        return st
+
+    @staticmethod
+    def _add_jobs(jobs: tuple[Any, ...], new: tuple[tuple[int, ...], ...]) -> tuple[Any, ...]:
+        """Jobs are keyed by (kind, engine, version, token): a duplicate effect does not start a second
+        worker; a stage of the same attempt for a newer incarnation replaces the old one."""
+        if not new:
+            return jobs
+        by_key = {j[:4]: j for j in jobs}
+        for n in new:
+            old = by_key.get(n[:4])
+            if old is None or (n[0] == J_STAGE and n[4] > old[4]):
+                by_key[n[:4]] = (*n, _JOB_UNSTARTED)
+        return tuple(sorted(by_key.values()))
+
+    # ================================================================ sessions
+
+    def _sessions(self, st: State, out: list[Successor]) -> None:
+        net, view = st[NET], self.k.reg_views[st[REG]]
+        for i, s in enumerate(st[SESS]):
+            phase, v, e, turns, aborts = s
+            client = (C_SESSION, i)
+            if phase == SP_IDLE:
+                self._session_send(st, i, (SP_OPENING, v, e, turns, aborts), (R_OPEN, i), "open", out)
+                self._session_send(st, i, (SP_FINALIZING, v, e, turns, aborts), (R_BEGIN_CLOSE, i), "close_early",
+                                   out)
+            elif phase == SP_OPENED:
+                if view.default >= 0:  # binding before the bootstrap answers NO_PUBLISHED_VERSION (a probe)
+                    self._session_send(st, i, (SP_BINDING, v, e, turns, aborts), (R_BIND, i), "bind", out)
+            elif phase == SP_BOUND:
+                if turns > 0:
+                    for eng in range(self.E):
+                        if _servable(view, v, eng):  # the router's view: READY there, current incarnation
+                            self._dispatch(st, i, s, eng, out)
+                else:
+                    self._session_send(st, i, (SP_FINALIZING, v, e, turns, aborts), (R_BEGIN_CLOSE, i), "close",
+                                       out)
+            elif phase == SP_GENERATING:
+                if aborts > 0:
+                    self._abort(st, i, s, out)
+                if not self._in_flight(net, client) and (e, i, v) not in st[RUN]:
+                    sess = _replace(st[SESS], i, (SP_BOUND, v, -1, turns, aborts))
+                    out.append((("session", i, "timeout_retry"), self._with(st, sess=sess), ()))
+            elif phase in _SESSION_CALLS and not self._in_flight(net, client):
+                # timeout: the call or its reply was lost; retry with the same idempotency key (the session key).
+                # (With atomic calls this is also how the close that follows begin_close is sent.)
+                self._session_send(st, i, s, (_SESSION_CALLS[phase], i), "call" if phase == SP_CLOSING else "retry",
+                                   out)
+
+    def _session_send(self, st: State, i: int, new: tuple[int, ...], code: tuple[int, ...], what: str,
+                      out: list[Successor]) -> None:
+        msg = self._reg_call((C_SESSION, i), code)
+        st1 = self._with(st, sess=_replace(st[SESS], i, new))
+        label = ("session", i, what)
+        if not self.bounds.atomic_sessions:
+            out.append((label, self._with(st1, net=self._net_add(st[NET], msg)), ()))
+            return
+        # An atomic call: delivered in the step that sends it, unless a fault intervenes (the request
+        # is lost, its reply is lost, or a duplicate stays behind to arrive late).
+        budget = st[BUD]
+        calls: list[Successor] = []
+        self._deliver_registry(st1, msg, st1[NET], calls, budget[DROPS] > 0)
+        for sub, nxt, problems in calls:
+            out.append(((*label, "lose_reply") if sub[0] == "deliver_lose_reply" else label, nxt, problems))
+        if budget[DROPS]:
+            out.append(((*label, "lost"), self._with(st1, bud=_spend(budget, DROPS)), ()))
+        if budget[DUPS] and calls and calls[0][0][0] == "deliver":
+            nxt = calls[0][1]
+            out.append(((*label, "dup"), self._with(nxt, net=self._net_add(nxt[NET], msg),
+                                                     bud=_spend(nxt[BUD], DUPS)), calls[0][2]))
+
+    def _dispatch(self, st: State, i: int, s: tuple[int, ...], eng: int, out: list[Successor]) -> None:
+        _phase, v, _e, turns, aborts = s
+        problems: tuple[str, ...] = ()
+        vstate = self.k.reg_views[st[REG]].vstate[v]
+        if vstate not in DISPATCHABLE:
+            problems = (f"cross invariant no_dispatch_once_reclaiming: session {i} dispatched "
+                        f"{self.k.names[v]} while it is {_vname(vstate)}",)
+        msg = self._eng_call(eng, (C_SESSION, i), (G_ACQUIRE, v))
+        nxt = self._with(st, sess=_replace(st[SESS], i, (SP_GENERATING, v, eng, turns, aborts)),
+                         net=self._net_add(st[NET], msg))
+        out.append((("session", i, "generate", eng), nxt, problems))
+
+    def _abort(self, st: State, i: int, s: tuple[int, ...], out: list[Successor]) -> None:
+        """Temporary abort: the request is aborted on the engine; the binding and the session ref stay."""
+        _phase, v, e, turns, aborts = s
+        msgs: tuple[Any, ...] = (self._eng_call(e, (C_SESSION, i), (G_ABORT_REQ, v)),)
+        if self.bug == "release_on_abort":
+            msgs += (self._reg_call((C_SESSION, -1 - i), (R_CLOSE, i)),)  # the planted bug
+        nxt = self._with(st, sess=_replace(st[SESS], i, (SP_BOUND, v, -1, turns, aborts - 1)),
+                         net=self._net_add(st[NET], *msgs))
+        out.append((("session", i, "abort"), nxt, ()))
+
+    def _session_reply(self, st: State, i: int, code: tuple[int, ...], answer: tuple[int, ...]) -> State:
+        rest = st[NET]
+        if i < 0:
+            return self._with(st, net=rest)
+        phase, v, e, turns, aborts = st[SESS][i]
+        kind = code[0]
+        new = None
+        if kind == G_ACQUIRE:
+            if phase == SP_GENERATING and answer[1] == e:
+                # done: a tool turn follows (or the session closes); refused: retry, maybe on another engine
+                new = (SP_BOUND, v, -1, turns - 1 if answer[0] == OK else turns, aborts)
+        elif kind == R_OPEN and phase == SP_OPENING:
+            new = (SP_OPENED, v, e, turns, aborts)
+        elif kind == R_BIND and phase == SP_BINDING:
+            new = (SP_BOUND, answer[1], e, turns, aborts) if answer[0] == OK else (SP_OPENED, v, e, turns, aborts)
+        elif kind == R_BEGIN_CLOSE and phase == SP_FINALIZING:
+            # the binding task is done and no request of ours is pending: release the ref exactly once
+            sess = _replace(st[SESS], i, (SP_CLOSING, v, e, turns, aborts))
+            if self.bounds.atomic_sessions:
+                return self._with(st, sess=sess)  # the close is the session's next call
+            return self._with(st, sess=sess, net=self._net_add(rest, self._reg_call((C_SESSION, i), (R_CLOSE, i))))
+        elif kind == R_CLOSE and phase == SP_CLOSING:
+            new = (SP_CLOSED, -1, -1, 0, 0)
+        if new is None:
+            return self._with(st, net=rest)  # a late or duplicate reply
+        return self._with(st, sess=_replace(st[SESS], i, new), net=rest)
+
+    # ================================================================ publisher
+
+    def _publisher(self, st: State, out: list[Successor]) -> None:
+        epoch, vi, phase, tok = st[PUB]
+        view, net, budget = self.k.reg_views[st[REG]], st[NET], st[BUD]
+        client = (C_PUB, epoch)
+        if phase == PP_IDLE:
+            if vi >= self.V:
+                out.append((("pub", "done"), self._with(st, pub=(epoch, vi, PP_DONE, -1)), ()))
+            elif view.occupied < self.bounds.capacity and not _pending(view):
+                self._pub_send(st, (epoch, vi, PP_RESERVING, -1), (R_RESERVE, vi), "reserve", out)
+        elif phase == PP_STAGING:
+            staging = any(j[0] == J_STAGE and j[2] == vi and j[3] == tok for j in st[JOBS])
+            ready = all(p is not None and p[0] == P_READY and p[1] == tok and p[2] == view.incarnations[e]
+                        for e, p in enumerate(view.placements[vi]))
+            if not staging and ready:
+                self._pub_send(st, (epoch, vi, PP_COMMITTING, tok), (R_COMMIT, vi, tok, view.revision), "commit", out)
+            if budget[FAILURES] > 0 or (not staging and not ready):  # a missed deadline (or stuck): abort
+                jobs = tuple(j for j in st[JOBS] if not (j[0] == J_STAGE and j[2] == vi and j[3] == tok))
+                nb = budget if not staging and not ready else _spend(budget, FAILURES)
+                nxt = self._with(st, pub=(epoch, vi, PP_ABORTING, tok), jobs=jobs, bud=nb,
+                                 net=self._net_add(net, self._reg_call(client, (R_ABORT, vi, tok))))
+                out.append((("pub", "abort"), nxt, ()))
+        elif phase == PP_CLEANING:
+            if view.vstate[vi] == V_FAILED_CLEAN:
+                out.append((("pub", "retry_version"), self._with(st, pub=(epoch, vi, PP_IDLE, -1)), ()))
+            elif not any(j[0] == J_CLEAN and j[2] == vi for j in st[JOBS]) and not self._in_flight(net, client):
+                # cleanups not confirmed and nobody working on them: re-issue (abort.replay re-emits them)
+                self._pub_send(st, (epoch, vi, PP_ABORTING, tok), (R_ABORT, vi, tok), "abort_again", out)
+        elif phase == PP_RECOVER:
+            self._recover(st, out)
+        elif phase in _PUB_CALLS and not self._in_flight(net, client):
+            code = {PP_RESERVING: (R_RESERVE, vi), PP_COMMITTING: (R_COMMIT, vi, tok, view.revision),
+                    PP_ABORTING: (R_ABORT, vi, tok)}[phase]
+            if phase == PP_COMMITTING:
+                code = (R_COMMIT, vi, tok, self._commit_revision(st))
+            out.append((("pub", "retry"), self._with(st, net=self._net_add(net, self._reg_call(client, code))), ()))
+
+    def _commit_revision(self, st: State) -> int:
+        """The revision the lost commit carried: the registry's, unless that commit already landed."""
+        view = self.k.reg_views[st[REG]]
+        vi = st[PUB][1]
+        return view.revision - 1 if view.default == vi else view.revision
+
+    def _pub_send(self, st: State, pub: tuple[int, ...], code: tuple[int, ...], what: str,
+                  out: list[Successor]) -> None:
+        msg = self._reg_call((C_PUB, pub[0]), code)
+        out.append((("pub", what), self._with(st, pub=pub, net=self._net_add(st[NET], msg)), ()))
+
+    def _recover(self, st: State, out: list[Successor]) -> None:
+        """A fresh publisher after a crash: finish (abort and clean) a pending attempt, else go on with
+        the first version not yet committed."""
+        epoch = st[PUB][0]
+        view = self.k.reg_views[st[REG]]
+        for v in range(self.V):
+            if view.vstate[v] in (V_LOADING, V_ABORTED):
+                self._pub_send(st, (epoch, v, PP_ABORTING, view.vtoken[v]), (R_ABORT, v, view.vtoken[v]),
+                               "recover_abort", out)
+                return
+        vi = next((v for v in range(self.V) if view.vstate[v] in (V_UNSEEN, V_FAILED_CLEAN)), self.V)
+        out.append((("pub", "recover"), self._with(st, pub=(epoch, vi, PP_IDLE, -1)), ()))
+
+    def _publisher_reply(self, st: State, epoch: int, code: tuple[int, ...], answer: tuple[int, ...],
+                         jobs: tuple[Any, ...]) -> State:
+        rest = st[NET]
+        p_epoch, vi, phase, tok = st[PUB]
+        if epoch != p_epoch:
+            return self._with(st, net=rest)  # a reply to the crashed publisher
+        kind = code[0]
+        view = self.k.reg_views[st[REG]]
+        if kind == R_RESERVE and phase == PP_RESERVING:
+            if answer[0] == NO:
+                return self._with(st, pub=(epoch, vi, PP_IDLE, -1), net=rest)
+            state, tok = answer[1], answer[2]
+            if state == V_LOADING:
+                if not jobs:  # a replayed reserve carries no effects: stage from the registry's placements
+                    jobs = tuple((J_STAGE, e, vi, p[1], p[2]) for e, p in enumerate(view.placements[vi])
+                                 if p is not None and p[0] in _RESTAGE and p[1] == tok)
+                return self._with(st, pub=(epoch, vi, PP_STAGING, tok), jobs=self._add_jobs(st[JOBS], jobs), net=rest)
+            if state in (V_ABORTED,):
+                return self._with(st, pub=(epoch, vi, PP_ABORTING, tok), net=self._net_add(
+                    rest, self._reg_call((C_PUB, epoch), (R_ABORT, vi, tok))))
+            return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1), net=rest)  # already committed
+        if kind == R_COMMIT and phase == PP_COMMITTING:
+            if answer[0] == OK:
+                return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1), net=rest)
+            return self._with(st, pub=(epoch, vi, PP_STAGING, tok), net=rest)
+        if kind == R_ABORT and phase == PP_ABORTING:
+            if answer[0] == OK:
+                return self._with(st, pub=(epoch, vi, PP_CLEANING, tok), jobs=self._add_jobs(st[JOBS], jobs),
+                                  net=rest)
+            return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1), net=rest)  # the commit had landed
+        return self._with(st, net=rest)
+
+    # ================================================================ reclaimer
+
+    def _reclaimer(self, st: State, out: list[Successor]) -> None:
+        view, rec, net = self.k.reg_views[st[REG]], st[REC], st[NET]
+        for v in range(self.V):
+            client = (C_REC, v)
+            if not rec >> v & 1:
+                if view.vstate[v] == V_RETIRED and view.refs[v] == 0:  # what ReclaimEligible announces
+                    claim = self._reg_call(client, (R_CLAIM, v))
+                    nxt = self._with(st, rec=rec | 1 << v, net=self._net_add(net, claim))
+                    out.append((("reclaimer", "claim", v), nxt, ()))
+            elif view.vstate[v] in (V_RETIRED, V_RECLAIMING) and not self._in_flight(net, client) and not any(
+                j[0] == J_RECLAIM and j[2] == v for j in st[JOBS]
+            ):
+                nxt = self._with(st, net=self._net_add(net, self._reg_call(client, (R_CLAIM, v))))
+                out.append((("reclaimer", "retry_claim", v), nxt, ()))
+
+    # ================================================================ jobs: the effects, carried out
+
+    def _jobs(self, st: State, out: list[Successor]) -> None:
+        net = st[NET]
+        for job in st[JOBS]:
+            kind, e, v, _tok, _inc, pos = job
+            client = (C_JOB, *job)
+            if pos == _JOB_UNSTARTED:
+                continue
+            if kind == J_RECLAIM and pos == 2:
+                # SGLang's wait_for_unload returned (or the name is gone): ask again for the receipt
+                state = self.k.eng_views[st[ENGS][e]].adapters[v][0]
+                if state not in (A_UNREGISTERED, A_DRAINING):
+                    self._job_send(st, job, 0, self._eng_call(e, None, (G_RECLAIM, v)), "poll", out)
+                continue
+            if self._in_flight(net, client):
+                continue
+            # timeout: neither the request nor its reply is in the network
+            if kind == J_STAGE and pos in _STAGE_ENGINE_POS[self.B]:
+                # an engine outcome we cannot confirm: record it as UNKNOWN (keep everything), then retry
+                self._job_send(st, job, 10 + pos, self._job_request(job, 10 + pos, 1), "record_unknown", out)
+            else:
+                self._job_send(st, job, pos, self._job_request(job, pos, 1), "retry", out)
+
+    def _job_request(self, job: tuple[int, ...], pos: int, manifest_ok: int) -> tuple[Any, ...]:
+        kind, e, v, tok, inc, _ = job
+        if kind == J_STAGE:
+            b = self.B
+            if pos >= 10:
+                return self._reg_call(None, (R_UNKNOWN, v, tok, e))
+            if pos == 0:
+                return self._eng_call(e, None, (G_BEGIN, v, tok, inc))
+            if pos == 1:
+                return self._reg_call(None, (R_PREPARED, v, tok, e, inc))
+            if pos < 2 + b:
+                return self._eng_call(e, None, (G_BUCKET, v, tok, inc, pos - 2))
+            if pos == 2 + b:
+                return self._eng_call(e, None, (G_END, v, tok, inc, manifest_ok))
+            return self._reg_call(None, (R_READY, v, tok, e, inc))
+        if kind == J_CLEAN:
+            return self._eng_call(e, None, (G_CLEANUP, v, tok)) if pos == 0 else self._reg_call(None, (R_CLEANED, v,
+                                                                                                        tok, e))
+        if kind == J_RECLAIM:
+            return self._eng_call(e, None, (G_RECLAIM, v)) if pos == 0 else self._reg_call(None, (R_CONFIRM, v, e))
+        return self._reg_call(None, (R_RESTARTED, e, inc))  # J_NOTIFY
+
+    def _job_send(self, st: State, job: tuple[int, ...], pos: int, msg: tuple[Any, ...], what: str,
+                  out: list[Successor], budget: tuple[int, ...] | None = None) -> None:
+        new_job = (*job[:5], pos)
+        client = (C_JOB, *new_job)
+        msg = (M_REG, client, msg[2]) if msg[0] == M_REG else (M_ENG, msg[1], client, msg[3])
+        jobs = tuple(sorted((*_remove(st[JOBS], job), new_job)))
+        nxt = self._with(st, jobs=jobs, net=self._net_add(st[NET], msg))
+        if budget is not None:
+            nxt = self._with(nxt, bud=budget)
+        out.append((("job", _JOB_NAMES[job[0]], *job[1:5], what), nxt, ()))
+
+    def _job_reply(self, st: State, client: tuple[Any, ...], code: tuple[int, ...], answer: tuple[int, ...],
+                   effects: tuple[Any, ...]) -> State:
+        rest = st[NET]
+        job = client[1:]
+        jobs = st[JOBS]
+        if job not in jobs:
+            return self._with(st, net=rest)  # the job moved on, finished or died with its publisher
+        kind, e, _v, _tok, _inc, pos = job
+        base = self._with(st, net=rest)
+        rest_jobs = _remove(jobs, job)
+        if kind == J_NOTIFY:  # the registry adopted the restart: carry out the recovery it asks for
+            if answer[0] == NO and answer[1] == STALE_INCARNATION:
+                effects = self._restage_jobs(st, e)  # a retry after the first reply was lost
+            return self._start_jobs(self._with(base, jobs=self._add_jobs(rest_jobs, effects)))
+        if kind == J_STAGE and pos >= 10:  # RecordUnknown acknowledged: retry the engine call, same key
+            return self._advance(base, job, pos - 10)
+        if answer[0] == NO:
+            return self._with(base, jobs=rest_jobs)  # refused (stale, cleaned, reclaimed...): this job stops
+        if kind == J_STAGE:
+            return self._advance(base, job, pos + 1) if pos < 3 + self.B else self._with(base, jobs=rest_jobs)
+        if kind == J_CLEAN:
+            return self._advance(base, job, 1) if pos == 0 else self._with(base, jobs=rest_jobs)
+        # J_RECLAIM
+        if pos == 1:
+            return self._with(base, jobs=rest_jobs)
+        if answer[1] in (A_UNREGISTERED, A_DRAINING):  # wait for SGLang's refcount to drain
+            return self._with(base, jobs=tuple(sorted((*rest_jobs, (*job[:5], 2)))))
+        return self._advance(base, job, 1)
+
+    def _advance(self, st: State, job: tuple[int, ...], pos: int) -> State:
+        """Move the job to `pos` and send its request there (an `end` always claims a good manifest;
+        the failing check is the `bad_manifest` fault)."""
+        new_job = (*job[:5], pos)
+        msg = self._job_request(new_job, pos, 1)
+        client = (C_JOB, *new_job)
+        msg = (M_REG, client, msg[2]) if msg[0] == M_REG else (M_ENG, msg[1], client, msg[3])
+        jobs = tuple(sorted((*_remove(st[JOBS], job), new_job)))
+        return self._with(st, jobs=jobs, net=self._net_add(st[NET], msg))
+
+    # ================================================================ engines: internal steps
+
+    def _engines(self, st: State, out: list[Successor]) -> None:
+        engs = st[ENGS]
+        running = st[RUN]
+        for idx, r in enumerate(running):
+            if idx and running[idx - 1] == r:
+                continue
+            e, s, v = r
+            t = self.k.eng_step(engs[e], (G_RELEASE, v))  # the request finished: SGLang releases its ref
+            nxt = self._session_reply(self._with(st, engs=(*engs[:e], t.after, *engs[e + 1:]),
+                                                 run=_remove(running, r)), s, (G_ACQUIRE, v), (OK, e))
+            out.append((("engine", e, "finish_request", s, v), nxt, t.problems + self._unload_problems(st, e, t)))
+        for e in range(self.E):
+            ev = self.k.eng_views[engs[e]]
+            for v in range(self.V):
+                if ev.adapters[v][0] == A_UNREGISTERED:  # wait_for_unload returned: the one physical unload
+                    t = self.k.eng_step(engs[e], (G_FINISH, v))
+                    nxt = self._with(st, engs=(*engs[:e], t.after, *engs[e + 1:]))
+                    out.append((("engine", e, "unload", v), nxt, t.problems + self._unload_problems(st, e, t)))
+
+    # ================================================================ faults
+
+    def _faults(self, st: State, out: list[Successor]) -> None:
+        net, budget = st[NET], st[BUD]
+        if budget[DROPS]:
+            nb = _spend(budget, DROPS)
+            for i, m in enumerate(net):
+                if not (i and net[i - 1] == m):
+                    out.append((("drop", m), self._with(st, net=net[:i] + net[i + 1 :], bud=nb), ()))
+        if budget[DUPS]:
+            nb = _spend(budget, DUPS)
+            for i, m in enumerate(net):
+                if not (i and net[i - 1] == m):
+                    out.append((("dup", m), self._with(st, net=self._net_add(net, m), bud=nb), ()))
+        if budget[FAILURES]:
+            self._bad_manifest(st, out)
+        if not budget[CRASHES]:
+            return
+        nb = _spend(budget, CRASHES)
+        engs = st[ENGS]
+        for e in range(self.E):
+            inc = self.k.eng_views[engs[e]].incarnation + 1
+            t = self.k.eng_step(engs[e], (G_STARTED, inc))
+            notify = (J_NOTIFY, e, -1, -1, inc, 0)
+            jobs = tuple(sorted((*st[JOBS], notify)))
+            msg = (M_REG, (C_JOB, *notify), (R_RESTARTED, e, inc))
+            running = tuple(r for r in st[RUN] if r[0] != e)  # its requests died with the process
+            nxt = self._with(st, engs=(*engs[:e], t.after, *engs[e + 1:]), run=running, jobs=jobs,
+                             net=self._net_add(net, msg), bud=nb)
+            out.append((("crash", "engine", e), nxt, t.problems))
+        if any(m[0] == M_REG for m in net):  # the actor restarts from its journal: only its mailbox is lost
+            out.append((("crash", "registry"), self._with(st, net=tuple(m for m in net if m[0] != M_REG), bud=nb),
+                        ()))
+        epoch, vi, phase, _tok = st[PUB]
+        if phase in (PP_RESERVING, PP_STAGING, PP_COMMITTING, PP_ABORTING, PP_CLEANING):
+            jobs = tuple(j for j in st[JOBS] if not (j[0] in (J_STAGE, J_CLEAN) and j[2] == vi))
+            nxt = self._with(st, pub=(epoch + 1, vi, PP_RECOVER, -1), jobs=jobs, bud=nb)
+            out.append((("crash", "publisher"), nxt, ()))
+
+    def _bad_manifest(self, st: State, out: list[Successor]) -> None:
+        """A stage job's `end` whose manifest check fails on the engine (costs one publisher failure)."""
+        for m in st[NET]:
+            if m[0] == M_ENG and m[3][0] == G_END and m[3][4] == 1:
+                bad = (M_ENG, m[1], m[2], (*m[3][:4], 0))
+                net = list(st[NET])
+                net.remove(m)
+                nxt = self._with(st, net=tuple(sorted((*net, bad))), bud=_spend(st[BUD], FAILURES))
+                out.append((("fault", "bad_manifest", m), nxt, ()))
+
+    # ================================================================ probes (late/stale/forged messages)
+
+    def _probes(self, st: State, out: list[Successor]) -> None:
+        """Probe messages the reference table answers without a change are self-loops (fired once
+        per sub-state in kernel.py). Only a mutated table makes them move: then they are explored."""
+        k = self.k
+        for t in k.reg_probe_moves[st[REG]]:
+            out.append((("probe", "registry", t.label), self._with(st, reg=t.after), t.problems))
+        engs = st[ENGS]
+        for e in range(self.E):
+            for t in k.eng_probe_moves[engs[e]]:
+                out.append((("probe", f"E{e}", t.label), self._with(st, engs=(*engs[:e], t.after, *engs[e + 1:])),
+                            t.problems + self._unload_problems(st, e, t)))
+
+    # ================================================================ properties
+
+    def state_problems(self, st: State) -> tuple[str, ...]:
+        """Every invariant of one composed state: the registry's and each engine's (spec), then the
+        cross-cutting ones that relate them to each other and to the environment."""
+        k = self.k
+        problems = list(k.reg_problems[st[REG]])
+        view = k.reg_views[st[REG]]
+        evs = [k.eng_views[x] for x in st[ENGS]]
+        for x in st[ENGS]:
+            problems += k.eng_problems[x]
+        for i, (phase, v, _e, _t, _a) in enumerate(st[SESS]):
+            if phase in LIVE_BOUND:
+                rs, rv = view.sessions[i]
+                if rs not in (S_BOUND, S_FINALIZING) or rv != v:
+                    problems.append(f"cross invariant live_session_holds_its_ref: session {i} is bound to "
+                                    f"{k.keys[v].version_id} and may dispatch, but the registry has it "
+                                    f"{_sname(rs)}/{'-' if rv < 0 else k.keys[rv].version_id}")
+        for v in range(self.V):
+            vs = view.vstate[v]
+            if vs == V_RECLAIMED:
+                for e, ev in enumerate(evs):
+                    if ev.adapters[v][0] in LOADED_ADAPTER:
+                        problems.append(f"cross invariant reclaimed_means_unloaded_everywhere: {k.names[v]} is "
+                                        f"{_aname(ev.adapters[v][0])} on E{e}")
+            elif vs == V_FAILED_CLEAN:
+                for e, ev in enumerate(evs):
+                    if ev.adapters[v][0] in (A_STAGING, A_READY):
+                        problems.append(f"cross invariant failed_clean_means_nothing_loaded: {k.names[v]} is "
+                                        f"{_aname(ev.adapters[v][0])} on E{e}")
+        for e, ev in enumerate(evs):
+            loaded = sum(1 for a in ev.adapters if a[0] in LOADED_ADAPTER)
+            if loaded > self.bounds.capacity:
+                problems.append(f"cross invariant engine_slots_within_capacity: E{e} holds {loaded} managed adapters")
+        return tuple(problems)
+
+    def obligations(self, st: State) -> frozenset[Any]:
+        return self.k.obligations(st[REG])
+
+    # ================================================================ symmetry
+
+    def canonical(self, st: State) -> State:
+        """Sessions are interchangeable (one shard each, same budgets): sort them by everything that
+        mentions them and rename. Equal signatures mean a swap leaves the state unchanged, so the
+        sorted relabelling is a canonical representative."""
+        n = self.S
+        if n < 2:
+            return st
+        view = self.k.reg_views[st[REG]]
+        sess, net, running = st[SESS], st[NET], st[RUN]
+        sigs = []
+        for i in range(n):
+            msgs = tuple(sorted(_strip(m) for m in net if _session_of(m) == i))
+            runs = tuple(sorted((r[0], r[2]) for r in running if r[1] == i))
+            sigs.append((sess[i], view.sessions[i], msgs, runs, i))
+        order = sorted(range(n), key=lambda i: sigs[i][:4])
+        if order == list(range(n)):
+            return st
+        perm = [0] * n
+        for new, old in enumerate(order):
+            perm[old] = new
+        perm_t = tuple(perm)
+        reg = self.k.permute_registry(st[REG], perm_t)
+        new_sess = tuple(sess[old] for old in order)
+        new_net = tuple(sorted(_rename(m, perm_t) for m in net))
+        new_run = tuple(sorted((r[0], perm_t[r[1]], r[2]) for r in running))
+        return (reg, st[ENGS], new_sess, st[PUB], st[REC], st[JOBS], new_run, new_net, st[BUD])
+
+    # ================================================================ printing
+
+    def describe(self, st: State) -> str:
+        k = self.k
+        view = k.reg_views[st[REG]]
+        versions = " ".join(f"{k.keys[v].version_id}={_vname(view.vstate[v])}(refs={view.refs[v]})"
+                            for v in range(self.V) if view.vstate[v] != V_UNSEEN)
+        engines = " ".join(
+            f"E{e}@{k.eng_views[x].incarnation}:[" + ",".join(
+                f"{k.keys[v].version_id}={_aname(a[0])}/{a[1]}" for v, a in enumerate(k.eng_views[x].adapters)
+                if a[0] != 0) + "]" for e, x in enumerate(st[ENGS]))
+        sessions = " ".join(f"s{i}={SESSION_PHASES[p]}" + (f"({k.keys[v].version_id})" if v >= 0 else "")
+                            for i, (p, v, *_r) in enumerate(st[SESS]))
+        epoch, vi, phase, _tok = st[PUB]
+        pub = f"pub#{epoch}={PUBLISHER_PHASES[phase]}({'ABCD'[vi] if vi < self.V else '-'})"
+        return (f"registry[{versions or '-'} default_rev={view.revision}] {engines} {sessions} {pub} "
+                f"jobs={len(st[JOBS])} running={len(st[RUN])} net={len(st[NET])} budget={st[BUD]}")
+
+
+# ---------------------------------------------------------------- small pure helpers
+
+_PART = {"reg": REG, "engs": ENGS, "sess": SESS, "pub": PUB, "rec": REC, "jobs": JOBS, "run": RUN, "net": NET,
+         "bud": BUD}
+_SESSION_CALLS = {SP_OPENING: R_OPEN, SP_BINDING: R_BIND, SP_FINALIZING: R_BEGIN_CLOSE, SP_CLOSING: R_CLOSE}
+_PUB_CALLS = frozenset({PP_RESERVING, PP_COMMITTING, PP_ABORTING})
+_JOB_UNSTARTED = -1
+_DRIVER = {J_STAGE: 0, J_CLEAN: 0, J_RECLAIM: 1, J_NOTIFY: 2}
+_JOB_NAMES = {J_STAGE: "stage", J_CLEAN: "cleanup", J_RECLAIM: "reclaim", J_NOTIFY: "notify_restart"}
+_RESTAGE = frozenset({0, 1, 2, 3}) - {P_READY}
+
+
+def _servable(view: Any, v: int, e: int) -> bool:
+    p = view.placements[v][e]
+    return p is not None and p[0] == P_READY and p[2] == view.incarnations[e]
+
+
+def _pending(view: Any) -> bool:
+    return any(s in (V_LOADING, V_ABORTED) for s in view.vstate)
+
+
+def _replace(t: tuple[Any, ...], i: int, x: Any) -> tuple[Any, ...]:
+    return (*t[:i], x, *t[i + 1:])
+
+
+def _remove(t: tuple[Any, ...], x: Any) -> tuple[Any, ...]:
+    i = t.index(x)
+    return t[:i] + t[i + 1 :]
+
+
+def _spend(budget: tuple[int, ...], which: int) -> tuple[int, ...]:
+    return (*budget[:which], budget[which] - 1, *budget[which + 1:])
+
+
+def _session_of(m: tuple[Any, ...]) -> int:
+    """The session a message belongs to (-1: none)."""
+    client = m[2] if m[0] == M_ENG else m[1]
+    if client is None or client[0] != C_SESSION:
+        return -1
+    return client[1] if client[1] >= 0 else -1 - client[1]
+
+
+def _strip(m: tuple[Any, ...]) -> tuple[Any, ...]:
+    return _rename(m, None)
+
+
+def _rename(m: tuple[Any, ...], perm: tuple[int, ...] | None) -> tuple[Any, ...]:
+    """The message with its session renamed by `perm` (None: to a placeholder, for signatures)."""
+    i = _session_of(m)
+    if i < 0:
+        return m
+    j = -9 if perm is None else perm[i]
+
+    def client(c: tuple[int, ...]) -> tuple[int, ...]:
+        return (C_SESSION, j if c[1] >= 0 else -1 - j)
+
+    def code(c: tuple[int, ...]) -> tuple[int, ...]:
+        return (c[0], j) if c[0] in (R_OPEN, R_BIND, R_BEGIN_CLOSE, R_CLOSE) else c
+
+    if m[0] == M_REG:
+        return (M_REG, client(m[1]), code(m[2]))
+    return (M_ENG, m[1], client(m[2]), m[3])
+
+
+def _vname(i: int) -> str:
+    from model_checks.kernel import VERSION_STATES
+
+    return str(VERSION_STATES[i])
+
+
+def _sname(i: int) -> str:
+    from model_checks.kernel import SESSION_STATES
+
+    return str(SESSION_STATES[i])
+
+
+def _aname(i: int) -> str:
+    from model_checks.kernel import ADAPTER_STATES
+
+    return str(ADAPTER_STATES[i])
+
+
+_STAGE_ENGINE_POS: dict[int, frozenset[int]] = {b: frozenset({0, *range(2, 3 + b)}) for b in range(0, 9)}
+
+
+def iter_labels(succs: list[Successor]) -> Iterator[tuple[Any, ...]]:
+    for label, _, _ in succs:
+        yield label

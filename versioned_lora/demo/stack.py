@@ -1,0 +1,132 @@
+"""The deployment the demo and the online benchmark run on: a local Ray cluster with the registry actor,
+two patched SGLang CPU engines with the fixture model, and the runtime wired over them (Publisher,
+Reclaimer, SessionBinder over SGLangBackend). Nothing here is a double: every piece is the one the
+library ships; this module only connects them.
+"""
+
+from __future__ import annotations
+
+import random
+import secrets
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from versioned_lora.adapters.engine_link import Candidate
+from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
+from versioned_lora.adapters.engine_staging import EngineStaging
+from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
+from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
+from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
+from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
+from versioned_lora.fixtures import Fixtures, build_fixtures
+from versioned_lora.lifecycle import VersionKey
+from versioned_lora.runtime.publisher import Deadlines, Publisher, Reclaimer
+from versioned_lora.runtime.session_binder import SessionBinder
+from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
+from versioned_lora.spec.identities import lora_name
+
+ENGINE_NAMES = ("E0", "E1")
+PROBE_PROMPT = list(range(10, 30))  # the probe every `end` answers, checked against the reference forward
+BUCKET_BYTES = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets, so per-bucket phases show
+
+
+def start_engines(fixtures: Fixtures, log_dir: Path, token: str, count: int = 2) -> list[EngineProcess]:
+    """Start `count` engines in parallel; any failure stops them all and raises."""
+    configs = []
+    for index in range(count):
+        configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
+                                    log_path=log_dir / f"E{index}.log", env={TOKEN_ENV: token}))
+        time.sleep(0.2)  # two port blocks picked at the same instant could overlap
+    return start_all(configs)
+
+
+def ensure_ray() -> bool:
+    """A small local Ray cluster unless one is already up; True if this call started it."""
+    import ray
+
+    if ray.is_initialized():
+        return False
+    ray.init(num_cpus=2, include_dashboard=False, object_store_memory=200 * 1024 * 1024, log_to_driver=False,
+             configure_logging=False)
+    return True
+
+
+class Stack:
+    """Registry actor + engines' clients + Publisher/Reclaimer + SessionBinder, for one deployment epoch."""
+
+    def __init__(
+        self,
+        urls: Sequence[str],
+        token: str | None,
+        workdir: Path,
+        fixtures: Fixtures,
+        on_phase: Callable[[str, str, float], None] | None = None,
+        deadlines: Deadlines | None = None,
+    ) -> None:
+        # A fresh epoch per deployment: managed names are never reused on an engine.
+        self.epoch = random.randrange(1, 2**31)
+        self.fixtures = fixtures
+        self.token = token
+        journal = workdir / f"registry-{self.epoch}.sqlite"
+        self.handle = create_registry_actor(journal, name=f"registry-{uuid.uuid4().hex[:8]}",
+                                            engines=ENGINE_NAMES[: len(urls)], epoch=self.epoch)
+        self.registry = RayRegistry(self.handle)
+        self.clients = {name: SGLangClient(url, token=token, timeout_s=300.0)
+                        for name, url in zip(ENGINE_NAMES, urls, strict=False)}
+        self.ports: dict[str, EngineStaging] = {name: EngineStaging(name, client, PROBE_PROMPT, bucket_deadline_s=60.0)
+                                                for name, client in self.clients.items()}
+        self.reference = ReferenceModel(fixtures.model_dir)
+        self.probe_check = ReferenceProbeCheck(self.reference, PROBE_PROMPT)
+        self.deadlines = deadlines or Deadlines()
+        self.publisher = Publisher(self.registry, self.ports, self.probe_check, self.deadlines, on_phase=on_phase)
+        self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines)
+        self.route = sticky_by_session(len(self.clients))
+        self.backend = SGLangBackend(list(self.clients.values()), route=self.route)
+        self.candidates: dict[VersionKey, Candidate] = {}
+        self.labels: dict[str, str] = {}  # lora_name -> label, for reports
+        self.bucket_bytes = BUCKET_BYTES
+
+    def binder(self, backend: Any, shard: int) -> SessionBinder:
+        return SessionBinder(self.registry, backend, epoch=self.epoch, shard=shard)
+
+    def candidate(self, label: str, adapter: str | None = None, snapshot: Snapshot | None = None
+                  ) -> tuple[VersionKey, Candidate]:
+        snapshot = snapshot or snapshot_from_adapter_dir(self.fixtures.adapters[adapter or label])
+        version = VersionKey(self.epoch, label)
+        candidate = Candidate.build(lora_name(version, snapshot.digest), snapshot, self.bucket_bytes)
+        self.candidates[version] = candidate
+        self.labels[candidate.lora_name] = label
+        return version, candidate
+
+    async def audit(self) -> dict[str, dict[str, int]]:
+        return {name: dict((await client.status())["audit"]) for name, client in self.clients.items()}
+
+    async def unload_leftovers(self) -> None:
+        """Attach mode only (engines shared with tests): unload this epoch's managed adapters so later
+        users find free managed slots. Not part of the protocol: a teardown."""
+        for client in self.clients.values():
+            status = await client.status()
+            for adapter in status["managed"]:
+                if adapter["state"] in ("READY", "STAGING") and f"@{self.epoch}-" in adapter["name"]:
+                    await client.managed("reclaim", lora_name=adapter["name"], reclaim_id="demo-teardown", wait_s=60)
+
+    async def close(self) -> None:
+        import ray
+
+        for port in self.ports.values():
+            port.close()
+        for client in self.clients.values():
+            await client.aclose()
+        ray.kill(self.handle, no_restart=True)
+
+
+def new_token() -> str:
+    return secrets.token_hex(16)
+
+
+def load_fixtures() -> Fixtures:
+    return build_fixtures()

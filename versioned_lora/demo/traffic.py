@@ -1,0 +1,252 @@
+"""Closed-loop agentic traffic and what is recorded about it.
+
+- `RecordingBackend` wraps the real `GenerationBackend` (SGLangBackend): every backend attempt is
+  recorded (start, end, engine, lora_path, prompt and cached tokens, outcome). An attempt that comes
+  back with finish_reason "abort" counts as aborted even though the agentic driver resumes it.
+- `ClosedLoopTraffic` runs `concurrency` workers; each runs one agentic session after another through
+  `AgenticDriver` (first generation binds the version, tool turns in between, finish closes it).
+- `ProgressMonitor` keeps one streamed greedy generation in flight per engine and records when each
+  chunk arrives: the longest interval without a new token is the engine's no-progress gap.
+- `RegistrySampler` records the registry's view (default, versions held, session refs) over time.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import random
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.runtime.agentic_driver import AgenticDriver, SessionScript, SessionTranscript
+from versioned_lora.runtime.interfaces import (
+    BackendFailure,
+    BackendRequest,
+    BackendResponse,
+    GenerationBackend,
+    OutcomeUnknown,
+    RegistryPort,
+)
+
+SHARED_PREFIX = tuple(range(40, 56))  # every session's prompt starts with the same 16 "system" tokens
+
+
+@attrs.frozen
+class RequestRecord:
+    start: float
+    end: float
+    engine: int
+    session_id: str
+    turn: int
+    lora_path: str
+    prompt_tokens: int
+    output_tokens: int
+    cached_tokens: int
+    outcome: str  # ok | aborted | failed | unknown
+    detail: str = ""
+
+    @property
+    def latency(self) -> float:
+        return self.end - self.start
+
+
+class RecordingBackend:
+    def __init__(self, inner: GenerationBackend, route: Callable[[BackendRequest], int],
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.inner = inner
+        self.route = route
+        self.clock = clock
+        self.records: list[RequestRecord] = []
+        self.in_flight = 0
+
+    def _record(self, request: BackendRequest, start: float, outcome: str, response: BackendResponse | None = None,
+                detail: str = "") -> None:
+        session_id, _, rest = request.rid.partition("/")
+        turn = int(rest.split("/")[0][1:]) if rest.startswith("t") else 0
+        self.records.append(RequestRecord(
+            start, self.clock(), self.route(request), session_id, turn, request.lora_path, len(request.input_ids),
+            len(response.output_ids) if response else 0, response.cached_tokens if response else 0, outcome, detail,
+        ))
+
+    async def generate(self, request: BackendRequest) -> BackendResponse:
+        start = self.clock()
+        self.in_flight += 1
+        try:
+            response = await self.inner.generate(request)
+        except BackendFailure as exc:
+            self._record(request, start, "failed", detail=str(exc)[:300])
+            raise
+        except (OutcomeUnknown, asyncio.CancelledError) as exc:
+            self._record(request, start, "unknown", detail=type(exc).__name__)
+            raise
+        finally:
+            self.in_flight -= 1
+        self._record(request, start, "aborted" if response.finish_reason == "abort" else "ok", response)
+        return response
+
+    async def abort(self, rid: str) -> None:
+        await self.inner.abort(rid)
+
+
+@attrs.frozen
+class TrafficShape:
+    concurrency: int = 4  # closed-loop sessions in flight at any time
+    turns: int = 3  # generations per session; a tool turn sits between consecutive ones
+    max_new_tokens: int = 12
+    tool_latency_s: float = 0.05  # the tool's own time between turns
+    prompt_tokens: int = 8  # per-session tokens after the shared prefix
+
+
+class ClosedLoopTraffic:
+    """`concurrency` workers, each running agentic sessions back to back until `stop()`; a stopping worker
+    finishes its current session first (sessions are never cut: they close through `finish`)."""
+
+    def __init__(self, driver: AgenticDriver, shape: TrafficShape, name: str = "s", seed: int = 0) -> None:
+        self.driver = driver
+        self.shape = shape
+        self.name = name
+        self.rng = random.Random(seed)
+        self.transcripts: list[SessionTranscript] = []
+        self.sessions_started = 0
+        self._stop = asyncio.Event()
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._worker(i), name=f"traffic-{self.name}-{i}")
+                       for i in range(self.shape.concurrency)]
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def join(self) -> None:
+        await asyncio.gather(*self._tasks)
+
+    async def _worker(self, index: int) -> None:
+        while not self._stop.is_set():
+            self.sessions_started += 1
+            session_id = f"{self.name}{index}-{self.sessions_started}"
+            prompt = SHARED_PREFIX + tuple(self.rng.randrange(1, 500) for _ in range(self.shape.prompt_tokens))
+            script = SessionScript(session_id, prompt, turns=self.shape.turns,
+                                   max_new_tokens=self.shape.max_new_tokens)
+            transcript = await self.driver.run_session(script)
+            self.transcripts.append(transcript)
+
+
+def tool_with_latency(seconds: float) -> Any:
+    """The driver's deterministic echo tool, taking `seconds` like a real tool call would."""
+    from versioned_lora.runtime.agentic_driver import echo_tool
+
+    async def tool(session_id: str, turn: int, context: tuple[int, ...]) -> tuple[int, ...]:
+        await asyncio.sleep(seconds)
+        return await echo_tool(session_id, turn, context)
+
+    return tool
+
+
+class ProgressMonitor:
+    """One streamed greedy generation in flight per engine at all times; `chunks[engine]` holds the arrival
+    time of every chunk (one chunk per decoded token), so decode stalls show as gaps."""
+
+    def __init__(self, clients: Sequence[SGLangClient], lora_path: str | None = None, tokens: int = 16) -> None:
+        self.clients = list(clients)
+        self.lora_path = lora_path
+        self.tokens = tokens
+        self.chunks: list[list[float]] = [[] for _ in self.clients]
+        self.errors: list[str] = []
+        self._tasks: list[asyncio.Task[None]] = []
+        self._stop = asyncio.Event()
+
+    def start(self) -> None:
+        self._tasks = [asyncio.create_task(self._run(i)) for i in range(len(self.clients))]
+
+    async def stop(self) -> None:
+        self._stop.set()
+        await asyncio.gather(*self._tasks)
+
+    async def _run(self, index: int) -> None:
+        client = self.clients[index]
+        prompt = list(range(200, 224))
+        while not self._stop.is_set():
+            try:
+                progress = await client.stream_progress(prompt, self.lora_path, self.tokens)
+            except Exception as exc:
+                self.errors.append(f"E{index}: {type(exc).__name__}: {str(exc)[:200]}")
+                await asyncio.sleep(0.05)
+                continue
+            self.chunks[index].extend(t for t, _ in progress)
+
+
+def longest_gap(times: Sequence[float], start: float, end: float) -> float:
+    """Longest interval in [start, end] without an event (the window's edges count as events)."""
+    inside = sorted(t for t in times if start <= t <= end)
+    points = [start, *inside, end]
+    return max((b - a for a, b in itertools.pairwise(points)), default=end - start)
+
+
+@attrs.frozen
+class RegistrySample:
+    t: float
+    default: str | None
+    managed: int  # versions holding capacity in the registry
+    states: dict[str, str]  # label -> version state
+    refs: dict[str, int]  # label -> session refs
+    engine_managed: tuple[int, ...]  # per engine, managed adapters READY or STAGING
+
+
+class RegistrySampler:
+    def __init__(self, registry: RegistryPort, clients: Sequence[SGLangClient], label_of: Callable[[str], str],
+                 period_s: float = 0.5, clock: Callable[[], float] = time.monotonic) -> None:
+        self.registry = registry
+        self.clients = list(clients)
+        self.label_of = label_of
+        self.period_s = period_s
+        self.clock = clock
+        self.samples: list[RegistrySample] = []
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        await self.sample()
+
+    async def sample(self) -> RegistrySample:
+        view = await self.registry.publication_view()  # type: ignore[attr-defined]
+        held = []
+        for client in self.clients:
+            status = await client.status()
+            held.append(sum(1 for a in status["managed"] if a["state"] in ("READY", "STAGING", "DRAINING",
+                                                                            "UNREGISTERED")))
+        sample = RegistrySample(
+            self.clock(),
+            self.label_of(view.versions[view.default].lora_name) if view.default in view.versions else None,
+            view.managed_count(),
+            {self.label_of(v.lora_name): str(v.state) for v in view.versions.values()},
+            {self.label_of(v.lora_name): v.session_refs for v in view.versions.values()},
+            tuple(held),
+        )
+        self.samples.append(sample)
+        return sample
+
+    async def _run(self) -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await self.sample()
+            await asyncio.sleep(self.period_s)
+
+
+def percentile(values: Sequence[float], q: float) -> float:
+    if not values:
+        return float("nan")
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, round(q * (len(ordered) - 1))))
+    return ordered[rank]
