@@ -54,9 +54,13 @@ async def _observe(client, name: str, audit0: int) -> Observation:
     view = await managed_view(client, name)
     assert view is not None
     assert view["native_refcount"] == view["mirrored_refcount"]
-    loaded = name in {a["name"] for a in (await client.status())["adapters"]}
+    # Physically loaded in SGLang: a registered name, or an unregistered one whose weights still
+    # serve in-flight requests (DRAINING) — SGLang keeps them until the one physical unload.
+    status = await client.status()
+    registered = name in {a["name"] for a in status["adapters"]}
+    loaded = registered or any(d["lora_id"] == view["lora_id"] for d in status["draining"])
     receipt = view["reclaim_receipt"]
-    unloads = (await client.status())["audit"]["physical_unload"] - audit0
+    unloads = status["audit"]["physical_unload"] - audit0
     return Observation(view["state"], view["mirrored_refcount"], loaded, unloads,
                        None if receipt is None else receipt["reclaim_id"])
 
