@@ -247,7 +247,10 @@ def test_bad_control_input_is_a_typed_error_that_changes_nothing(engines, fixtur
             assert await managed_view(client, candidate.lora_name) is None
             assert after["staging"]["stashes"] == before["staging"]["stashes"]
             assert after["adapters"] == before["adapters"]
-            assert after["audit"] == before["audit"]
+            # Every refused begin reached the engine (counted) and changed nothing else.
+            assert after["audit"]["managed_begin"] == before["audit"]["managed_begin"] + len(cases)
+            assert {k: v for k, v in after["audit"].items() if k != "managed_begin"} == {
+                k: v for k, v in before["audit"].items() if k != "managed_begin"}
 
     run(body())
 

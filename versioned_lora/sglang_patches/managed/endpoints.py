@@ -78,6 +78,7 @@ class ManagedAPI:
         return {"group": name, "state": "READY"}
 
     async def begin(self, body: dict[str, Any]) -> Any:
+        audit.COUNTS["managed_begin"] += 1  # every begin that reached this engine, accepted or not
         name = _managed_name(body)
         try:
             manifest = Manifest.from_json(_field(body, "manifest", str))
@@ -93,7 +94,6 @@ class ManagedAPI:
             "digest": digest,
             "manifest": manifest,
         }
-        audit.COUNTS["managed_begin"] += 1
         self._check_resources(manifest, identity)
         source: StagingSource
         if "source_path" in body:
