@@ -14,6 +14,7 @@ from engine_helpers import PROMPT, client_for, loaded_adapter, refcount, run, wa
 from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient
 
 LONG_TOKENS = 1500  # ~6 s alone on the tiny CPU model
+SHORT_TOKENS = 250
 
 
 def test_unload_waits_for_the_long_request_and_unloads_once(engines, fixtures) -> None:
@@ -23,7 +24,9 @@ def test_unload_waits_for_the_long_request_and_unloads_once(engines, fixtures) -
             loaded_adapter(client, fixtures.adapters["A"], "A") as a,
         ):
             long_task = asyncio.create_task(client.generate(PROMPT, a, LONG_TOKENS, ignore_eos=True))
-            short_task = asyncio.create_task(client.generate(PROMPT, a, 8, ignore_eos=True))
+            await wait_until(lambda: _is(refcount(client, a), 1), timeout_s=20)
+            # "Short" still lasts ~1 s, so the count of 2 is observable by polling on a fast host.
+            short_task = asyncio.create_task(client.generate(PROMPT, a, SHORT_TOKENS, ignore_eos=True))
             await wait_until(lambda: _is(refcount(client, a), 2), timeout_s=20)
             await short_task
             await wait_until(lambda: _is(refcount(client, a), 1), timeout_s=10)
