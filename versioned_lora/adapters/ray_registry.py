@@ -66,7 +66,10 @@ class _Fault:
 
     def hit(self) -> None:
         if self.marker:
-            Path(self.marker).write_text(str(os.getpid()))
+            # Written aside and renamed: a reader polling for the file never sees it empty.
+            staged = Path(f"{self.marker}.tmp")
+            staged.write_text(str(os.getpid()))
+            staged.replace(self.marker)
         time.sleep(self.hold_s)
 
 
