@@ -1,13 +1,14 @@
 """Bucketed LoRA transfer against a raw broadcast of the same bucket plan, one sender and one receiver process.
 
 The project's path is what a publication does: the sender runs `send_all` on a `Snapshot`, the receiver posts
-`start_receive_bucket` for every bucket and stashes what `result()` returns (views into each bucket's own
-buffer), as the engine's scheduler does. `send_all` keeps a snapshot's packed buckets, so `project` (the last
-line) is a snapshot sent again, or packed ahead with `packed_buckets`; `cold` is a first send (`cache=False`:
-every tensor checked and each bucket packed with one `torch.cat` while the previous one is on the wire). The
+`start_receive_bucket` for every bucket and stashes what `result()` returns (each bucket's own buffer), as the
+engine's scheduler does; the stash's tensors (views into those buffers) are made at verification. `send_all`
+keeps a snapshot's packed buckets, so `project` (the last line) is a snapshot sent again, or packed ahead with
+`packed_buckets`; `cold` is a first send (`cache=False`: every tensor checked and each bucket packed with one
+`torch.cat` while the previous one is on the wire). The
 baseline is `raw_broadcast` of buckets packed and allocated beforehand, over the same group, so the ratio
 isolates what packing, per-bucket waits and the stash cost. Digest verification (`verify_tensors`) runs once
-per case, after the timed runs, and is timed alone.
+per case, after the timed runs, and is timed alone (it includes making the tensors' views).
 
     NCCL_NVLS_ENABLE=0 python -m gpu_validation.transfer_bench --device cuda --out results.txt
 
@@ -39,9 +40,7 @@ QV_ONLY = ("q_proj", "v_proj")
 MiB = 1024 * 1024
 # project: the library's send_all (snapshot's packed buckets cached) / start_receive_bucket; raw: the NCCL floor;
 # cold: send_all(cache=False), a snapshot's first send (checks and packing inside the timed region).
-# prepared: as project, but the receiver called prepare_receive(plan) before the start gate (buffers and views
-# made at `begin`); the engine's scheduler does not call it yet.
-VARIANTS = ("project", "raw", "cold", "prepared")
+VARIANTS = ("project", "raw", "cold")
 
 
 def module_dims(module: str, dims: dict[str, int]) -> tuple[int, int]:
@@ -144,8 +143,8 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, manifests: Any, r
         destroy_transfer_group,
         init_transfer_group,
         pack_all,
-        prepare_receive,
         raw_broadcast,
+        received_tensors,
         send_all,
         split_bucket,
         start_receive_bucket,
@@ -201,7 +200,6 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, manifests: Any, r
                     "project_s": times["project"],
                     "raw_s": times["raw"],
                     "cold_s": times["cold"],
-                    "prepared_s": times["prepared"],
                     "pack_s": pack_s,
                     "tensors": len(tensors),
                     "group_factory": factory,
@@ -210,33 +208,27 @@ def _rank_main(rank: int, args: argparse.Namespace, port: int, manifests: Any, r
             del snapshot, tensors
         else:
             buffers = allocate_buckets(plan, device)
-            stashes: dict[str, dict[str, Any]] = {}
+            stashes: dict[str, dict[int, Any]] = {}
             for _rep in range(args.warmup + args.reps):
                 for which in VARIANTS:
                     # The previous run's stash is freed before the gate (an engine frees stashes at other times).
                     stashes.pop(which, None)
-                    if which == "prepared":
-                        prepare_receive(plan, device)  # before the gate: an engine does it at `begin`
                     _signal(group, device, 0)
                     if which == "raw":
                         raw_broadcast(group, buffers)
                     else:
                         # The engine's path: post the receives (start_receive_bucket returns at once), then
-                        # stash what result() returns. The stash owns the received buffers.
-                        stash: dict[str, Any] = {}
+                        # stash what result() returns: the received buffers, by bucket index.
                         pending = [start_receive_bucket(group, plan, i, device) for i in range(len(plan.buckets))]
-                        for bucket in pending:
-                            stash.update(bucket.result())
-                        stashes[which] = stash
+                        stashes[which] = {bucket.index: bucket.result() for bucket in pending}
                     _signal(group, device, 1)
                     pending = []
             # Verification is timed on its own: the receiver hashes what it stashed (GPU -> CPU copy, then
             # SHA-256 per tensor on the CPU: manifest.tensor_sha256), as `end` does before loading.
             t0 = time.perf_counter()
-            verify_tensors(manifest, stashes["project"], expected_digest=manifest.digest)
+            verify_tensors(manifest, received_tensors(plan, stashes["project"]), expected_digest=manifest.digest)
             verify_s = time.perf_counter() - t0
-            verify_tensors(manifest, stashes["cold"])  # the first-send path moved the same bytes
-            verify_tensors(manifest, stashes["prepared"])  # and so did the prepared receive
+            verify_tensors(manifest, received_tensors(plan, stashes["cold"]))  # the first send moved the same bytes
             raw_tensors: dict[str, Any] = {}
             for index, flat in enumerate(buffers):
                 raw_tensors.update(split_bucket(flat, plan, index))
@@ -310,7 +302,6 @@ def _summarise(sender: list[dict[str, Any]], receiver: dict[str, dict[str, Any]]
             "pack_ms": entry["pack_s"] * 1e3, "split_ms": receiver[case["label"]]["split_s"] * 1e3,
             "views_ms": receiver[case["label"]]["views_s"] * 1e3, "tensors": entry["tensors"],
             "cold_ms": cold * 1e3, "cold_ratio": raw / cold,
-            "prep_ratio": raw / statistics.median(entry["prepared_s"]),
             "group_factory": entry["group_factory"],
         })  # fmt: skip
     return rows
@@ -318,14 +309,14 @@ def _summarise(sender: list[dict[str, Any]], receiver: dict[str, dict[str, Any]]
 
 def _table(rows: list[dict[str, Any]]) -> str:
     head = (f"{'case':<16}{'MB':>8}{'bkts':>6}{'project ms':>12}{'raw ms':>9}{'proj GB/s':>11}{'raw GB/s':>10}"
-            f"{'ratio':>7}{'verify s':>10}{'tensors':>9}{'cold ms':>9}{'cold':>7}{'prep':>7}{'pack ms':>9}"
+            f"{'ratio':>7}{'verify s':>10}{'tensors':>9}{'cold ms':>9}{'cold':>7}{'pack ms':>9}"
             f"{'views ms':>10}{'clone ms':>10}")  # fmt: skip
     lines = [head]
     for r in rows:
         lines.append(
             f"{r['label']:<16}{r['mb']:>8.1f}{r['buckets']:>6}{r['project_ms']:>12.3f}{r['raw_ms']:>9.3f}"
             f"{r['project_gbps']:>11.1f}{r['raw_gbps']:>10.1f}{r['ratio']:>7.3f}{r['verify_s']:>10.3f}"
-            f"{r['tensors']:>9}{r['cold_ms']:>9.3f}{r['cold_ratio']:>7.3f}{r['prep_ratio']:>7.3f}{r['pack_ms']:>9.3f}"
+            f"{r['tensors']:>9}{r['cold_ms']:>9.3f}{r['cold_ratio']:>7.3f}{r['pack_ms']:>9.3f}"
             f"{r['views_ms']:>10.3f}"
             f"{r['split_ms']:>10.3f}"
         )
@@ -396,15 +387,14 @@ def main(argv: list[str] | None = None) -> int:
         f"# group factory: {rows[0]['group_factory']} (sglang {env['sglang']}); reps={args.reps} warmup={args.warmup}"
         f"; median times; ratio = raw time / project time (project GB/s over raw GB/s)",
         "# project: send_all(Snapshot) with its packed buckets cached (a snapshot sent again, or packed ahead with"
-        " packed_buckets) -> start_receive_bucket() for every bucket, then result() (views into the buffers) stashed",
+        " packed_buckets) -> start_receive_bucket() for every bucket, then result() (the bucket buffers) stashed",
         "# raw: raw_broadcast of pre-packed buckets into pre-allocated buffers, same plan, same group",
         "# cold: send_all(cache=False), a snapshot's first send: checks + one torch.cat per bucket, pipelined with"
         " the wire; cold = raw time / cold time",
-        "# prep: as project, receiver called prepare_receive(plan) before the gate (buffers + views made at begin,"
-        " which the engine's scheduler does not do yet); prep = raw time / that time",
-        "# verify: verify_tensors on the receiver's stash (GPU->CPU copy + SHA-256 per tensor on CPU), once per case",
+        "# verify: received_tensors (views) + verify_tensors on the receiver's stash (GPU->CPU copy + SHA-256 per"
+        " tensor on CPU), once per case",
         "# pack ms: pack_all alone on the sender; views ms: bucket_views of every bucket alone on the receiver"
-        " (made while the bucket is on the wire); clone ms: split_bucket (owned clones, the old receive path)",
+        " (made at verification, not on the wire); clone ms: split_bucket (owned clones)",
         _table(rows),
         f"# wall {time.perf_counter() - started:.1f}s; all cases verified: {all(r['verified'] for r in rows)}",
     ]
@@ -415,9 +405,6 @@ def main(argv: list[str] | None = None) -> int:
     else:
         r16, r64 = pick(f"all_r16_b{first}"), pick(f"all_r64_b{first}")
         lines.append(f"# first send (cold): ratio_r16={r16['cold_ratio']:.3f} ratio_r64={r64['cold_ratio']:.3f}")
-        lines.append(
-            f"# receiver prepared at begin (prep): ratio_r16={r16['prep_ratio']:.3f} ratio_r64={r64['prep_ratio']:.3f}"
-        )
         lines.append(f"ratio_r16={r16['ratio']:.3f} ratio_r64={r64['ratio']:.3f} verify_s_r64={r64['verify_s']:.3f}")
     report = "\n".join(lines)
     print(report, flush=True)

@@ -272,14 +272,17 @@ def test_the_packed_cache_is_bounded_and_forgets_dead_snapshots() -> None:
     assert not transfer._packed_cache
 
 
-def test_prepared_receive_buffers_are_handed_out_once() -> None:
+def test_received_tensors_are_the_stashed_buckets_views() -> None:
+    # A stash keeps bucket buffers; its tensors are views made on demand, only of the buckets it holds.
     tensors = odd_tensors()
-    plan = BucketPlan.build(manifest_from_tensors(tensors, CONFIG), 130)
-    transfer.prepare_receive(plan)
-    first = transfer._take_prepared(plan, 0, "cpu")
-    assert first is not None
-    flat, views = first
-    assert flat.numel() == plan.buckets[0].nbytes and set(views) <= set(plan.buckets[0].names)
-    assert transfer._take_prepared(plan, 0, "cpu") is None  # never the same buffer twice
-    assert transfer._take_prepared(BucketPlan.from_json(plan.to_json()), 1, "cpu") is None  # by plan object
-    assert transfer._take_prepared(plan, 1, "cpu") is not None
+    plan = BucketPlan.build(manifest_from_tensors(tensors, CONFIG), 96)
+    buffers = dict(enumerate(pack_all(tensors, plan)))
+    assert len(buffers) == 3 and buffers[1].numel() != buffers[2].numel()
+    received = transfer.received_tensors(plan, buffers)
+    assert sorted(received) == sorted(tensors)
+    for name, tensor in tensors.items():
+        assert torch.equal(received[name], tensor), name
+    partial = transfer.received_tensors(plan, {1: buffers[1]})
+    assert sorted(partial) == sorted(plan.buckets[1].names)
+    with pytest.raises(PlanMismatch):
+        transfer.received_tensors(plan, {1: buffers[2]})  # a buffer under the wrong index is refused

@@ -25,6 +25,7 @@ from versioned_lora.adapters.transfer import (
     BucketPlan,
     BucketTransferFailed,
     destroy_transfer_group,
+    received_tensors,
     start_receive_bucket,
 )
 
@@ -54,7 +55,7 @@ def main() -> int:
         group_name=args.group_name,
         timeout=datetime.timedelta(seconds=args.group_timeout_s),
     )
-    stash: dict = {}
+    buffers: dict = {}
     for i in range(len(plan.buckets)):
         pending = start_receive_bucket(group, plan, i, device="cpu")
         if i == args.observe_pending_bucket:
@@ -81,11 +82,12 @@ def main() -> int:
             summary["buckets_received"] = i
             (args.workdir / "summary.json").write_text(json.dumps(summary))
             return 0
-        stash.update(pending.result())
+        buffers[i] = pending.result()
         if i == args.die_after_bucket:
             (args.workdir / "summary.json").write_text(json.dumps({**summary, "died_after": i}))
             os._exit(3)  # like a crash: no cleanup, the socket just closes
 
+    stash = received_tensors(plan, buffers)
     try:
         verify_tensors(manifest, stash, expected_digest=manifest.digest)
         summary["verified"] = True

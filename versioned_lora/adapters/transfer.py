@@ -5,9 +5,9 @@ stall cannot block another's transfer. Tensors travel in manifest (name) order, 
 buckets of at most `max_bucket_bytes`; each bucket is one `broadcast`. Both sides derive every size from
 the same `BucketPlan`, so nothing but payload crosses the group.
 
-The receiving half (`start_receive_bucket`, `receive_bucket`, `bucket_views`, `split_bucket`) runs inside
-SGLang's scheduler and needs nothing beyond torch and this package's pure-Python manifest module. A received
-bucket's tensors are views into that bucket's own buffer: the stash that keeps them owns the buffer.
+The receiving half (`start_receive_bucket`, `received_tensors`, `bucket_views`, `split_bucket`) runs inside
+SGLang's scheduler and needs nothing beyond torch and this package's pure-Python manifest module. A stash
+keeps each received bucket's buffer; its tensors are views into those buffers, made only when needed.
 """
 
 from __future__ import annotations
@@ -250,8 +250,9 @@ def _check_plan(plan: BucketPlan) -> None:
 # The cost of a transfer is per tensor, not per byte: an adapter has hundreds of small tensors and the wire moves
 # a bucket in well under a millisecond. So nothing here issues one device operation per tensor on the hot path:
 # a bucket is packed with one `torch.cat` over byte views, a snapshot's packed buckets are kept (`packed_buckets`)
-# so that sending it again costs no packing at all, and a received bucket is handed out as views into its own
-# buffer (no per-tensor copy). Views are made while the bucket is still on the wire.
+# so that sending it again costs no packing at all, and a received bucket stays one buffer until its tensors
+# are needed (then views into it, no per-tensor copy). Measured on two H200s (gpu_validation/transfer_breakdown):
+# making the 504 views of a Qwen3-8B LoRA costs ~1.8 ms of host time, four times the wire time of all its bytes.
 
 
 def _byte_parts(tensors: Mapping[str, torch.Tensor], bucket: Bucket, device: torch.device) -> list[torch.Tensor]:
@@ -552,111 +553,54 @@ def send_bucket(
 @attrs.define
 class PendingBucket:
     """A posted receive. `done()` polls without blocking, so a scheduler can keep decoding while it waits;
-    `result()` waits (up to a deadline) and returns the bucket's tensors.
+    `result()` waits (up to a deadline) and returns the bucket's buffer, complete.
 
-    The tensors are views into `flat`, the bucket's own receive buffer (allocated for this receive and
-    referenced by nothing else): whoever keeps them owns that buffer, which lives as long as any of them.
-    Nothing is copied per tensor; padding between tensors (under `alignment` bytes each) stays allocated."""
+    The buffer was allocated for this receive and is referenced by nothing else: whoever keeps it owns the
+    bucket. Nothing per tensor happens here: `received_tensors` makes the tensors (views into the buffers)
+    when they are needed, at verification, because on a fast wire even making hundreds of views costs more
+    than the bytes' transfer."""
 
     plan: BucketPlan
     index: int
     flat: torch.Tensor
     work: Any  # torch.distributed Work, or None for a 0-byte bucket
-    views: dict[str, torch.Tensor] | None = None  # made while the bucket is on the wire; None: at result()
 
     def done(self) -> bool:
         # Also true once the backend's own timeout fired; result() then raises.
         return self.work is None or bool(self.work.is_completed())
 
-    def result(self, timeout: datetime.timedelta | None = None) -> dict[str, torch.Tensor]:
+    def result(self, timeout: datetime.timedelta | None = None) -> torch.Tensor:
         if self.work is not None:
             _wait(self.work, timeout, f"receive bucket {self.index}")
             _sync_device(self.flat)
-        if self.views is None:
-            return bucket_views(self.flat, self.plan, self.index)
-        out = dict(self.views)
-        layout = _layout(self.plan.buckets[self.index])
-        if layout.misaligned:  # copies need the bytes, so they are made only now
-            out.update(_misaligned_copies(self.flat, layout))
-        return out
-
-
-# Receive buffers made ahead by `prepare_receive`, by plan object (held weakly), then (device, bucket index).
-_prepared: dict[int, tuple[weakref.ref[BucketPlan], dict[tuple[Any, int], tuple[Any, dict[str, Any]]]]] = {}
-_prepared_lock = threading.Lock()
-
-
-def prepare_receive(plan: BucketPlan, device: str | torch.device = "cpu") -> None:
-    """Allocate every bucket's receive buffer and make its views now, so that `start_receive_bucket` with this
-    very plan object and device only posts the receive (each prepared buffer is used once, then the next
-    receive of that bucket allocates afresh).
-
-    Making the views costs a few microseconds per tensor of host time, which for hundreds of small tensors is
-    more than the wire time of the whole adapter: an engine calls this when it allocates a stash (at `begin`,
-    when the plan is known), so that cost is paid before the first byte moves. Optional; the memory is what
-    the stash holds once every bucket arrived."""
-    import torch
-
-    target = _normalised_device(device)
-    made = {
-        (target, i): (flat, _aligned_views(flat, _layout(bucket)))
-        for i, bucket in enumerate(plan.buckets)
-        for flat in [torch.empty(bucket.nbytes, dtype=torch.uint8, device=target)]
-    }
-    key = id(plan)
-    with _prepared_lock:
-        found = _prepared.get(key)
-        if found is None or found[0]() is not plan:
-            found = (weakref.ref(plan, functools.partial(_drop_key, _prepared, key)), {})
-            _prepared[key] = found
-        found[1].update(made)
-
-
-def _take_prepared(plan: BucketPlan, index: int, device: str | torch.device) -> tuple[Any, dict[str, Any]] | None:
-    with _prepared_lock:
-        found = _prepared.get(id(plan))
-        if found is None or found[0]() is not plan or not found[1]:
-            return None
-        return found[1].pop((_normalised_device(device), index), None)
+        return self.flat
 
 
 def start_receive_bucket(
     group: dist.ProcessGroup, plan: BucketPlan, index: int, device: str | torch.device = "cpu", src_rank: int = 0
 ) -> PendingBucket:
-    """Post the receive of bucket `index` into its own buffer (fresh, or made by `prepare_receive`) and return
-    at once (see PendingBucket)."""
+    """Post the receive of bucket `index` into a fresh buffer of its size and return at once (see
+    PendingBucket)."""
     import torch
     import torch.distributed as dist
 
-    prepared = _take_prepared(plan, index, device) if _prepared else None
-    if prepared is not None:
-        flat, views = prepared
-    else:
-        flat = torch.empty(plan.buckets[index].nbytes, dtype=torch.uint8, device=device)
-        views = None
+    flat = torch.empty(plan.buckets[index].nbytes, dtype=torch.uint8, device=device)
     if flat.numel() == 0:
-        return PendingBucket(plan, index, flat, None, views)
+        return PendingBucket(plan, index, flat, None)
     try:
         work = dist.broadcast(flat, src=src_rank, group=group, async_op=True)
     except RuntimeError as exc:
         raise BucketTransferFailed(f"receive bucket {index}: {exc}") from exc
-    if views is None:
-        # The views are metadata only: make them now, while the bytes are on the wire, not after they landed.
-        views = _aligned_views(flat, _layout(plan.buckets[index]))
-    return PendingBucket(plan, index, flat, work, views)
+    return PendingBucket(plan, index, flat, work)
 
 
-def receive_bucket(
-    group: dist.ProcessGroup,
-    plan: BucketPlan,
-    index: int,
-    device: str | torch.device = "cpu",
-    src_rank: int = 0,
-    timeout: datetime.timedelta | None = None,
-) -> dict[str, torch.Tensor]:
-    """Receive bucket `index` and return its tensors (dtype and shape from the plan): views into the bucket's
-    own buffer, which the caller then owns (see PendingBucket)."""
-    return start_receive_bucket(group, plan, index, device, src_rank).result(timeout)
+def received_tensors(plan: BucketPlan, buffers: Mapping[int, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The tensors of the received buckets (bucket index -> buffer), dtype and shape from the plan: views into
+    the buffers (see `bucket_views`), which stay alive as long as any view does."""
+    out: dict[str, torch.Tensor] = {}
+    for index in sorted(buffers):
+        out.update(bucket_views(buffers[index], plan, index))
+    return out
 
 
 class _HasTensors(Protocol):
@@ -747,7 +691,10 @@ def send_all(
                 _wait(work, timeout, f"bucket {i}")
             except BucketTransferFailed as exc:
                 failures[g] = exc
-        _sync_device(flat)
+        if on_bucket_done is not None or i == count - 1:
+            # On a GPU, wait() only orders this stream after the broadcast; the host waits here only where it
+            # must see the bucket done (a hook, the return). Buckets finish in order on each group's stream.
+            _sync_device(flat)
         for g in range(len(groups)):
             if g not in failures:
                 done[g] = i + 1

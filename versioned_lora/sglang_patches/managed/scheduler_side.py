@@ -4,7 +4,7 @@ Nothing here ever blocks the scheduler's event loop on a peer: joining a group r
 and a bucket receive is an async collective (``transfer.start_receive_bucket``) polled by the
 server. While a publisher is slow or dead, the scheduler keeps scheduling and decoding; the server
 enforces the per-bucket deadline and, on a miss, asks us to drop the group (which releases the
-pending receive). Stashes hold received tensors only; serving weights are never touched.
+pending receive). Stashes hold received bucket buffers only; serving weights are never touched.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ from versioned_lora.adapters.transfer import (
     PendingBucket,
     destroy_transfer_group,
     init_transfer_group,
+    received_tensors,
     start_receive_bucket,
 )
 from versioned_lora.sglang_patches.managed import ipc
@@ -49,12 +50,17 @@ class Stash:
     plan: BucketPlan
     manifest: Manifest
     group: str
-    tensors: dict[str, Any] = attrs.field(factory=dict)
+    buffers: dict[int, Any] = attrs.field(factory=dict)  # bucket index -> its received bytes
     pending: dict[int, PendingBucket] = attrs.field(factory=dict)
     received: set[int] = attrs.field(factory=set)
     directory: Path | None = None
     verifier: threading.Thread | None = None
     verdict: dict[str, Any] | None = None
+
+    @property
+    def tensors(self) -> dict[str, Any]:
+        """The received tensors, as views into the bucket buffers (made on demand: see PendingBucket)."""
+        return received_tensors(self.plan, self.buffers)
 
 
 class StashStore:
@@ -145,12 +151,12 @@ class StashStore:
         if not pending.done():
             return {"state": "PENDING"}
         try:
-            tensors = pending.result(timeout=datetime.timedelta(seconds=1))
+            flat = pending.result(timeout=datetime.timedelta(seconds=1))
         except Exception as exc:
             stash.pending.pop(index, None)
             return {"state": "FAILED", "error": f"{type(exc).__name__}: {exc}"}
         stash.pending.pop(index, None)
-        stash.tensors.update(tensors)
+        stash.buffers[index] = flat
         stash.received.add(index)
         return {"state": "STASHED"}
 
@@ -175,8 +181,9 @@ class StashStore:
         from versioned_lora.adapters.snapshot import SnapshotError, snapshot_from_adapter_dir, snapshot_from_tensors
 
         try:
-            verify_tensors(stash.manifest, stash.tensors, expected_digest=digest)
-            snapshot = snapshot_from_tensors(dict(stash.tensors), stash.manifest.serving_config)
+            tensors = stash.tensors
+            verify_tensors(stash.manifest, tensors, expected_digest=digest)
+            snapshot = snapshot_from_tensors(tensors, stash.manifest.serving_config)
             directory = Path(tempfile.mkdtemp(prefix="versioned-lora-stash-", dir=_stash_root()))
             shutil.rmtree(directory)
             snapshot.save_adapter_dir(directory)
@@ -202,7 +209,7 @@ class StashStore:
             "abandoned_groups": len(self.abandoned),
             "stashes": {
                 attempt: {"received": sorted(s.received), "pending": sorted(s.pending), "group": s.group,
-                          "bytes": sum(t.numel() * t.element_size() for t in s.tensors.values())}
+                          "bytes": sum(flat.numel() for flat in s.buffers.values())}
                 for attempt, s in self.stashes.items()
             },
         }
