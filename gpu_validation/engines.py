@@ -7,7 +7,6 @@ NCCL), the managed disk source (begin with ``source_path``, then end). Nothing h
 from __future__ import annotations
 
 import asyncio
-import socket
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -16,7 +15,7 @@ from typing import Any
 import attrs
 
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
-from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess
+from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot
 
@@ -142,26 +141,6 @@ class Engine:
             self._link.close()
             self._link = None
         await self.client.aclose()
-
-
-def free_port_block(size: int = 20, host: str = "127.0.0.1") -> int:
-    """A base port with `size` free ports above it: SGLang takes a few ports next to --port."""
-    for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            base = int(probe.getsockname()[1])
-        if base + size < 65000 and all(_port_free(host, base + i) for i in range(size)):
-            return base
-    raise RuntimeError("no free port block")
-
-
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as probe:
-        try:
-            probe.bind((host, port))
-        except OSError:
-            return False
-    return True
 
 
 @attrs.frozen

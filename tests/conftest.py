@@ -12,20 +12,13 @@ from pathlib import Path
 
 import attrs
 import pytest
-from engine_helpers import TEST_TOKEN
+from engine_helpers import TEST_ENGINE_ARGS, TEST_TOKEN
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 
 ALLOWLIST_PATH = Path(__file__).with_name("skip_allowlist.txt")
-
-# --abort-on-priority-when-disabled: SGLang's scheduler then answers a request that carries a
-# `priority` with a real 503 from inside the request path (Scheduler._add_request_to_queue via
-# _make_abort_req), after the tokenizer manager acquired the LoRA reference. The refcount tests use
-# it as an on-demand 5xx; requests without a priority are unaffected.
-TEST_ENGINE_ARGS = ("--abort-on-priority-when-disabled",)
-
 
 def _load_allowlist() -> dict[str, str]:
     entries: dict[str, str] = {}

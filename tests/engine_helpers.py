@@ -6,7 +6,7 @@ import asyncio
 import dataclasses
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
@@ -20,6 +20,12 @@ PROMPT = list(range(10, 30))
 
 # The shared secret the test engines require on managed endpoints.
 TEST_TOKEN = "test-secret-7f3a"
+
+# --abort-on-priority-when-disabled: SGLang's scheduler then answers a request that carries a
+# `priority` with a real 503 from inside the request path (Scheduler._add_request_to_queue via
+# _make_abort_req), after the tokenizer manager acquired the LoRA reference. The refcount tests use
+# it as an on-demand 5xx; requests without a priority are unaffected.
+TEST_ENGINE_ARGS = ("--abort-on-priority-when-disabled",)
 
 
 def client_for(engine: Any, token: str | None = TEST_TOKEN) -> SGLangClient:
@@ -78,18 +84,32 @@ class Staged:
     incarnation: int
     manifest_json: str
     source_path: str
+    probe_input_ids: tuple[int, ...] = tuple(PROMPT)
 
     def begin_body(self) -> dict[str, Any]:
-        return {"lora_name": self.name, "attempt_token": self.attempt_token, "incarnation": self.incarnation,
-                "digest": self.digest, "manifest": self.manifest_json, "source_path": self.source_path}
+        return {
+            "lora_name": self.name,
+            "attempt_token": self.attempt_token,
+            "incarnation": self.incarnation,
+            "digest": self.digest,
+            "manifest": self.manifest_json,
+            "source_path": self.source_path,
+        }
 
     def end_body(self) -> dict[str, Any]:
-        return {"lora_name": self.name, "attempt_token": self.attempt_token, "incarnation": self.incarnation,
-                "probe_input_ids": PROMPT}
+        return {
+            "lora_name": self.name,
+            "attempt_token": self.attempt_token,
+            "incarnation": self.incarnation,
+            "probe_input_ids": list(self.probe_input_ids),
+        }
 
 
-async def publish_from_disk(client: SGLangClient, adapter_dir: Path, label: str = "v") -> Staged:
-    """Begin + end of a managed version staged from a PEFT directory; returns its identity."""
+async def publish_from_disk(
+    client: SGLangClient, adapter_dir: Path, label: str = "v", probe: Sequence[int] = PROMPT
+) -> Staged:
+    """Begin + end of a managed version staged from a PEFT directory (`end` probes with `probe`); returns its
+    identity."""
     from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
     from versioned_lora.spec.identities import VersionKey, lora_name
 
@@ -102,6 +122,7 @@ async def publish_from_disk(client: SGLangClient, adapter_dir: Path, label: str 
         incarnation=(await client.status())["incarnation"],
         manifest_json=snapshot.manifest.to_json(),
         source_path=str(adapter_dir),
+        probe_input_ids=tuple(probe),
     )
     await client.managed("begin", **staged.begin_body())
     await client.managed("end", **staged.end_body())
