@@ -41,7 +41,8 @@ from versioned_lora.lifecycle import (
     transitions_engine_step,
     transitions_step,
 )
-from versioned_lora.lifecycle.registry_rules import RegistryDraft
+from versioned_lora.lifecycle.registry_rules import RegistryDraft, new_bound, new_closed
+from versioned_lora.lifecycle.results import Bound, Closed
 from versioned_lora.spec import ROWS, ROWS_BY_ID, Reason
 from versioned_lora.spec.model import ManagedAdapter
 from versioned_lora.spec.states import AdapterState
@@ -114,6 +115,19 @@ def test_freeze_builds_the_same_value_as_the_constructor() -> None:
     assert frozen == RegistryState(*(getattr(r.state, f.name) for f in attrs.fields(RegistryState)))
     with pytest.raises(attrs.exceptions.FrozenInstanceError):
         frozen.default = None  # type: ignore[misc]
+
+
+def test_fast_answers_equal_the_attrs_constructed_ones() -> None:
+    session = SessionKey(0, 1, 2)
+    pairs = [
+        (new_bound(session, A, "lora-a"), Bound(session, A, "lora-a")),
+        (new_closed(session, True), Closed(session, True)),
+        (new_closed(session, False), Closed(session, False)),
+    ]
+    for fast, constructed in pairs:
+        assert fast == constructed and hash(fast) == hash(constructed) and repr(fast) == repr(constructed)
+        with pytest.raises(attrs.exceptions.FrozenInstanceError):
+            fast.session = None  # type: ignore[misc]
 
 
 def test_initial_state_parameters() -> None:

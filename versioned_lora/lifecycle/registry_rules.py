@@ -73,7 +73,7 @@ from versioned_lora.spec.states import (
     VersionState,
 )
 
-_new_registry_state = object.__new__
+_new_registry_state = _new_value = object.__new__
 _SLOT_SETTERS = {field.name: RegistryState.__dict__[field.name].__set__ for field in attrs.fields(RegistryState)}
 _set_config = _SLOT_SETTERS["config"]
 _set_versions = _SLOT_SETTERS["versions"]
@@ -86,6 +86,28 @@ _set_default_revision = _SLOT_SETTERS["default_revision"]
 _set_incarnations = _SLOT_SETTERS["incarnations"]
 _set_attempts_issued = _SLOT_SETTERS["attempts_issued"]
 assert len(_SLOT_SETTERS) == 10, "RegistryDraft.freeze must set every field of RegistryState"
+
+# The two answers of every bind and close, built the way `freeze` builds states (a test checks they equal
+# the attrs-constructed values): attrs' frozen __init__ costs more than the rest of the answer.
+_set_bound_session, _set_bound_version, _set_bound_lora_name = (
+    Bound.__dict__[f.name].__set__ for f in attrs.fields(Bound)
+)
+_set_closed_session, _set_closed_released = (Closed.__dict__[f.name].__set__ for f in attrs.fields(Closed))
+
+
+def new_bound(session: SessionKey, version: VersionKey, lora_name: str) -> Bound:
+    bound = _new_value(Bound)
+    _set_bound_session(bound, session)
+    _set_bound_version(bound, version)
+    _set_bound_lora_name(bound, lora_name)
+    return bound
+
+
+def new_closed(session: SessionKey, released: bool) -> Closed:
+    closed = _new_value(Closed)
+    _set_closed_session(closed, session)
+    _set_closed_released(closed, released)
+    return closed
 
 
 class RegistryDraft:
@@ -630,18 +652,18 @@ def session_status(b: RegistryState, a: RegistryState, e: SessionEvent, row: str
 def bound(b: RegistryState, a: RegistryState, e: BindFirst, row: str) -> RegistryResult:
     version = a.sessions[e.session].version
     assert version is not None
-    return Bound(e.session, version, a.versions[version].lora_name)
+    return new_bound(e.session, version, a.versions[version].lora_name)
 
 
 def bound_to_default(b: RegistryState, a: RegistryState, e: BindFirst, row: str) -> RegistryResult:
     """The first bind's answer: the session was just bound to the default (saves a lookup per bind)."""
     assert a.default is not None
-    return Bound(e.session, a.default, a.versions[a.default].lora_name)
+    return new_bound(e.session, a.default, a.versions[a.default].lora_name)
 
 
 def closed(b: RegistryState, a: RegistryState, e: CloseAndRelease, row: str) -> RegistryResult:
     before = b.sessions.get(e.session)
-    return Closed(e.session, released=before is not None and before.version is not None)
+    return new_closed(e.session, before is not None and before.version is not None)
 
 
 def restarted(b: RegistryState, a: RegistryState, e: EngineRestarted, row: str) -> RegistryResult:
