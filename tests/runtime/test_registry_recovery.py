@@ -200,6 +200,39 @@ def test_checkpointed_journal_recovers_in_process_and_refuses_another_config(tmp
         RegistryCore(path, capacity=3)
 
 
+def test_a_checkpoint_written_over_many_calls_recovers_the_state_it_was_taken_of(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Slices of 16 records, one per call: a checkpoint of ~400 sessions takes ~25 later calls, which keep
+    changing the state meanwhile. A crash before it is finished recovers from the journal alone; after it,
+    from the checkpoint plus the later calls, to exactly the live state."""
+    from versioned_lora.adapters import journal, ray_registry
+
+    monkeypatch.setattr(journal, "CHECKPOINT_SLICE", 16)
+    monkeypatch.setattr(ray_registry, "CHECKPOINT_BUDGET_S", 0.0)
+    path = tmp_path / "core.sqlite"
+    core = RegistryCore(path, checkpoint_every=400)
+    run(publish_shadow(core))
+    for index in range(4):
+        core.submit_batch(f"b{index}", binds(0, index * 100, 100))
+    assert core.journal_stats()["checkpoint_seq"] == 0  # begun, a slice written: not stored yet
+    crashed = RegistryCore(path, checkpoint_every=400)  # what a restart now would see
+    assert crashed.state() == core.state() and crashed.recovery.replayed_calls == crashed.journal_stats()["calls"]
+    crashed.close()
+    taken_at = core.journal_stats()["last_seq"]
+    calls = 0
+    while core.journal_stats()["checkpoint_seq"] == 0:
+        core.submit_batch(f"c{calls}", [CloseAndRelease(SessionKey(0, 0, calls))])
+        calls += 1
+        assert calls < 100
+    assert calls > 10 and core.journal_stats()["checkpoint_seq"] == taken_at
+    state = core.state()
+    core.close()
+    reopened = RegistryCore(path, checkpoint_every=400)
+    assert reopened.state() == state and reopened.recovery.replayed_calls == calls
+    reopened.close()
+
+
 async def publish_shadow(core: RegistryCore) -> None:
     from versioned_lora.adapters.ray_registry import LocalRegistry
 

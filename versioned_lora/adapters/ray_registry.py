@@ -24,7 +24,7 @@ from typing import Any
 
 import attrs
 
-from versioned_lora.adapters.journal import Journal, state_digest
+from versioned_lora.adapters.journal import CheckpointWriter, Journal, state_digest
 from versioned_lora.lifecycle import RegistryEvent, RegistryState, VersionKey, VersionState, initial_state, step
 from versioned_lora.runtime.interfaces import (
     MAX_BATCH,
@@ -39,6 +39,8 @@ from versioned_lora.runtime.views import PublicationView, publication_view
 REGISTRY_ACTOR_NAME = "versioned_lora_registry"
 REGISTRY_NAMESPACE = "versioned_lora"
 DEFAULT_CHECKPOINT_EVERY = 50_000  # events between checkpoints: bounds replay time after a restart
+# Pickling time a checkpoint may add to one call (it is written over as many later calls as it needs).
+CHECKPOINT_BUDGET_S = 0.002
 DEFAULT_ANSWER_CACHE = 4096  # recent calls answered from memory; older retried keys hit the journal index
 
 
@@ -94,6 +96,7 @@ class RegistryCore:
         self._next_seq = self._journal.next_seq()
         self._checkpoint_every = checkpoint_every
         self._events_since_checkpoint = 0
+        self._checkpointing: CheckpointWriter | None = None  # a checkpoint written a slice per call
         self._recent: OrderedDict[str, tuple[tuple[RegistryEvent, ...], tuple[RegistryAnswer, ...]]] = OrderedDict()
         self._answer_cache = answer_cache
         self._fault: _Fault | None = None
@@ -131,9 +134,12 @@ class RegistryCore:
         self._state = state
         self._remember(key, events, answers)
         self._events_since_checkpoint += len(events)
-        if self._events_since_checkpoint >= self._checkpoint_every:
-            self._journal.checkpoint(seq, state)
+        if self._checkpointing is None and self._events_since_checkpoint >= self._checkpoint_every:
+            self._checkpointing = CheckpointWriter(seq, state)
             self._events_since_checkpoint = 0
+        if self._checkpointing is not None and self._checkpointing.advance(CHECKPOINT_BUDGET_S):
+            self._journal.checkpoint(self._checkpointing)
+            self._checkpointing = None
             self._after_checkpoint()
         self._maybe_fault("after_commit")
         return answers
@@ -240,7 +246,6 @@ class RegistryActor(RegistryCore):
         gc.freeze()
 
 
-
 def create_registry_actor(
     journal_path: str | Path,
     *,
@@ -298,9 +303,7 @@ class RayRegistry:
         self._backoff_s = backoff_s
 
     @classmethod
-    def find(
-        cls, name: str = REGISTRY_ACTOR_NAME, namespace: str = REGISTRY_NAMESPACE, **kwargs: Any
-    ) -> RayRegistry:
+    def find(cls, name: str = REGISTRY_ACTOR_NAME, namespace: str = REGISTRY_NAMESPACE, **kwargs: Any) -> RayRegistry:
         return cls(find_registry_actor(name, namespace), **kwargs)
 
     async def submit(self, event: RegistryEvent, key: str | None = None) -> RegistryAnswer:
