@@ -29,12 +29,14 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", type=Path, help="model directory (default: the tiny Qwen3 fixture)")
     run.add_argument("--adapters", help="A_DIR,B_DIR: two PEFT adapters (default: fixture adapters A and B)")
     run.add_argument("--token", help=f"managed-endpoint token (default: ${TOKEN_ENV}; with --launch, a new one)")
-    run.add_argument("--gpu", action="store_true", help="engines the harness starts serve on CUDA")
+    run.add_argument(
+        "--gpu", action="store_true", help="engines serve on CUDA (those the harness starts; the link joins with NCCL)"
+    )
     run.add_argument(
         "--transport",
         choices=("link", "disk"),
         default="link",
-        help="link: buckets over torch.distributed (gloo); disk: managed begin from the adapter dir",
+        help="link: buckets over torch.distributed (gloo, NCCL with --gpu); disk: managed begin from the adapter dir",
     )
     run.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
     run.add_argument("--max-lora-rank", type=int, default=8)

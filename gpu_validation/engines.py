@@ -48,8 +48,11 @@ class Engine:
     """One engine under test: a label (E0, E1, baseline-A, ...), a client, and, with the link transport, the
     transfer group this harness formed with its current incarnation."""
 
-    def __init__(self, label: str, url: str, token: str | None, transport: str, bucket_bytes: int) -> None:
+    def __init__(
+        self, label: str, url: str, token: str | None, transport: str, bucket_bytes: int, device: str = "cpu"
+    ) -> None:
         self.label = label
+        self.device = device  # the harness's side of the link: "cuda" (NCCL) for engines that serve on a GPU
         self.url = url
         self.client = SGLangClient(url, timeout_s=600.0, token=token)
         self.transport = transport
@@ -62,7 +65,7 @@ class Engine:
 
     async def link(self) -> EngineLink:
         if self._link is None:
-            self._link = await EngineLink.connect(self.client)
+            self._link = await EngineLink.connect(self.client, device=self.device)
         return self._link
 
     async def begin(self, snapshot: Snapshot, name: str, adapter_dir: Path) -> tuple[Any, str]:

@@ -66,7 +66,8 @@ class Run:
         return lora_name(VersionKey(self.epoch, f"gv{label}-{self.run_id}"), self.snapshots[version].digest)
 
     def engine(self, label: str, url: str) -> Engine:
-        return Engine(label, url, self.options.token, self.options.transport, self.options.bucket_bytes)
+        device = "cuda" if self.options.launch.gpu else "cpu"  # the link's backend must match the engines'
+        return Engine(label, url, self.options.token, self.options.transport, self.options.bucket_bytes, device)
 
     async def score(self, engine: Engine, name: str, prefix_id: str, phase: str) -> Observation:
         observation = await engine.score(name, prefix_id, self.pre.prefix(prefix_id).token_ids, self.new_tokens, phase)

@@ -24,6 +24,7 @@ from versioned_lora.adapters.transfer import (
     free_port,
     init_transfer_group,
     pack_bucket,
+    packed_buckets,
     send_bucket,
 )
 
@@ -51,43 +52,64 @@ class Candidate:
 
 
 class EngineLink:
-    def __init__(self, client: SGLangClient, incarnation: int, group: Any, group_name: str) -> None:
+    def __init__(
+        self, client: SGLangClient, incarnation: int, group: Any, group_name: str, device: str = "cpu"
+    ) -> None:
         self.client = client
         self.incarnation = incarnation
         self.group = group
         self.group_name = group_name
+        self.device = device
 
     @classmethod
     async def connect(
-        cls, client: SGLangClient, master_address: str = "127.0.0.1", timeout_s: float = 120.0
+        cls, client: SGLangClient, master_address: str = "127.0.0.1", timeout_s: float = 120.0, device: str = "cpu"
     ) -> EngineLink:
-        """Form this engine's transfer group for its current incarnation (both ranks join at once)."""
+        """Form this engine's transfer group for its current incarnation (both ranks join at once).
+
+        `device` is where this side's buckets live, and picks the backend: "cpu" joins with gloo, a CUDA
+        device with NCCL. It must match the engine's side, which uses NCCL whenever its scheduler sees a GPU."""
         incarnation = int((await client.status())["incarnation"])
         group_name = f"vlora-{incarnation}-{uuid.uuid4().hex[:8]}"
         port = free_port(master_address)
         publisher_side = asyncio.create_task(
             asyncio.to_thread(
-                init_transfer_group, master_address=master_address, master_port=port, rank=0,
-                group_name=group_name, timeout=datetime.timedelta(seconds=timeout_s),
+                init_transfer_group,
+                master_address=master_address,
+                master_port=port,
+                rank=0,
+                group_name=group_name,
+                device=device,
+                timeout=datetime.timedelta(seconds=timeout_s),
             )
         )
         try:
-            await client.managed("init_group", group_name=group_name, master_address=master_address,
-                                 master_port=port, timeout_s=timeout_s, http_timeout_s=timeout_s + 30)
+            await client.managed(
+                "init_group",
+                group_name=group_name,
+                master_address=master_address,
+                master_port=port,
+                timeout_s=timeout_s,
+                http_timeout_s=timeout_s + 30,
+            )
         except BaseException:
             publisher_side.cancel()
             raise
         group = await publisher_side
-        return cls(client, incarnation, group, group_name)
+        return cls(client, incarnation, group, group_name, device)
 
     def _identity(self, candidate: Candidate, attempt_token: str) -> dict[str, Any]:
         return {"lora_name": candidate.lora_name, "attempt_token": attempt_token, "incarnation": self.incarnation}
 
     async def begin(self, candidate: Candidate, attempt_token: str, bucket_deadline_s: float = 30.0) -> dict[str, Any]:
         return await self.client.managed(
-            "begin", **self._identity(candidate, attempt_token), digest=candidate.snapshot.digest,
-            manifest=candidate.snapshot.manifest.to_json(), group_name=self.group_name,
-            max_bucket_bytes=candidate.max_bucket_bytes, plan_digest=candidate.plan.digest(),
+            "begin",
+            **self._identity(candidate, attempt_token),
+            digest=candidate.snapshot.digest,
+            manifest=candidate.snapshot.manifest.to_json(),
+            group_name=self.group_name,
+            max_bucket_bytes=candidate.max_bucket_bytes,
+            plan_digest=candidate.plan.digest(),
             bucket_deadline_s=bucket_deadline_s,
         )
 
@@ -97,12 +119,20 @@ class EngineLink:
         """Send bucket `index` and return the engine's confirmation that it is stashed.
 
         `tensors` overrides what is packed (tests use it to send altered bytes under a fixed manifest).
+        Otherwise the snapshot's packed buckets are used (`packed_buckets`: packed once on this link's device,
+        then shared by every engine and retry that sends the same snapshot).
         """
-        flat = pack_bucket(tensors if tensors is not None else candidate.snapshot.tensors, candidate.plan, index,
-                           check=tensors is None)
+        if tensors is None:
+            flat = packed_buckets(candidate.snapshot, candidate.plan, self.device)[index]
+        else:
+            flat = pack_bucket(tensors, candidate.plan, index, self.device, check=False)
         confirm = asyncio.create_task(
-            self.client.managed("receive_bucket", **self._identity(candidate, attempt_token), index=index,
-                                http_timeout_s=http_timeout_s)
+            self.client.managed(
+                "receive_bucket",
+                **self._identity(candidate, attempt_token),
+                index=index,
+                http_timeout_s=http_timeout_s,
+            )
         )
         send = asyncio.create_task(asyncio.to_thread(send_bucket, self.group, flat))
         answer = await confirm
@@ -115,7 +145,9 @@ class EngineLink:
 
     async def end(self, candidate: Candidate, attempt_token: str, probe_input_ids: Sequence[int]) -> dict[str, Any]:
         return await self.client.managed(
-            "end", **self._identity(candidate, attempt_token), probe_input_ids=list(probe_input_ids),
+            "end",
+            **self._identity(candidate, attempt_token),
+            probe_input_ids=list(probe_input_ids),
             http_timeout_s=600,
         )
 
@@ -123,8 +155,9 @@ class EngineLink:
         return await self.client.managed("cleanup", lora_name=lora_name, attempt_token=attempt_token)
 
     async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float = 0.0) -> dict[str, Any]:
-        return await self.client.managed("reclaim", lora_name=lora_name, reclaim_id=reclaim_id, wait_s=wait_s,
-                                         http_timeout_s=wait_s + 60)
+        return await self.client.managed(
+            "reclaim", lora_name=lora_name, reclaim_id=reclaim_id, wait_s=wait_s, http_timeout_s=wait_s + 60
+        )
 
     def close(self) -> None:
         if self.group is not None:

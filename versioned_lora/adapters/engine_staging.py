@@ -19,9 +19,16 @@ T = TypeVar("T")
 
 
 class EngineStaging:
-    def __init__(self, name: str, client: SGLangClient, probe_input_ids: Sequence[int],
-                 bucket_deadline_s: float = 30.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        client: SGLangClient,
+        probe_input_ids: Sequence[int],
+        bucket_deadline_s: float = 30.0,
+        device: str = "cpu",
+    ) -> None:
         self.name = name
+        self.device = device  # where the publisher's buckets live: "cpu" (gloo) or a CUDA device (NCCL)
         self.client = client
         self.probe_input_ids = list(probe_input_ids)
         self.bucket_deadline_s = bucket_deadline_s
@@ -40,7 +47,7 @@ class EngineStaging:
             if self._link is None or self._link.incarnation != current:
                 if self._link is not None:
                     self._link.close()
-                self._link = await self._call(EngineLink.connect(self.client))
+                self._link = await self._call(EngineLink.connect(self.client, device=self.device))
             return self._link
 
     async def begin(self, candidate: Candidate, attempt_token: str) -> None:
@@ -58,8 +65,14 @@ class EngineStaging:
         link = await self.link()
         answer = await self._call(link.end(candidate, attempt_token, self.probe_input_ids))
         result, probe = answer["result"], answer["adapter"]["probe"]
-        return ReadyReceipt(result["lora_name"], result["digest"], result["attempt_token"], int(result["incarnation"]),
-                            int(probe["token_id"]), float(probe["logprob"]))
+        return ReadyReceipt(
+            result["lora_name"],
+            result["digest"],
+            result["attempt_token"],
+            int(result["incarnation"]),
+            int(probe["token_id"]),
+            float(probe["logprob"]),
+        )
 
     async def cleanup(self, lora_name: str, attempt_token: str) -> None:
         try:
@@ -69,8 +82,11 @@ class EngineStaging:
                 raise
 
     async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool:
-        answer = await self._call(self.client.managed("reclaim", lora_name=lora_name, reclaim_id=reclaim_id,
-                                                      wait_s=wait_s, http_timeout_s=wait_s + 60))
+        answer = await self._call(
+            self.client.managed(
+                "reclaim", lora_name=lora_name, reclaim_id=reclaim_id, wait_s=wait_s, http_timeout_s=wait_s + 60
+            )
+        )
         return bool(answer["adapter"]["state"] == "UNLOADED")
 
     def close(self) -> None:
