@@ -18,6 +18,7 @@ from typing import Any
 from immutables import Map
 
 from model_checks.bounds import Bounds
+from model_checks.step_properties import engine_step_problems, registry_step_problems
 from versioned_lora.lifecycle import (
     CORE,
     AdapterState,
@@ -302,7 +303,8 @@ class Kernel:
             fired = self.core.step_traced(before, event)
         except ProtocolError as exc:
             return Transition(rid, (NO, -1), (), -1, (f"ProtocolError: {exc}",), repr(event))
-        problems = tuple(registry_step_violations(before, event, fired, self.core))
+        problems = tuple(registry_step_violations(before, event, fired, self.core)
+                         + registry_step_problems(before, event, fired.state, fired.result, fired.effects))
         after = self.intern_registry(fired.state)  # type: ignore[arg-type]
         row = self.row_index[fired.row.id]
         self.row_counts[row] += 1
@@ -314,7 +316,8 @@ class Kernel:
             fired = self.core.engine_step_traced(before, event)
         except ProtocolError as exc:
             return Transition(eid, (NO, -1), (), -1, (f"ProtocolError: {exc}",), repr(event))
-        problems = tuple(engine_step_violations(before, event, fired, self.core))
+        problems = tuple(engine_step_violations(before, event, fired, self.core)
+                         + engine_step_problems(before, event, fired.state, fired.result, fired.effects))
         after = self.intern_engine(fired.state)  # type: ignore[arg-type]
         row = self.row_index[fired.row.id]
         self.row_counts[row] += 1
@@ -392,7 +395,9 @@ class Kernel:
                 fired = None
             if fired is not None and fired.state is state and not fired.row.changes_state:
                 self.row_counts[self.row_index[fired.row.id]] += 1  # a self-loop: the state's checks already ran
-                continue
+                step_props = registry_step_problems if registry else engine_step_problems
+                if not step_props(state, event, state, fired.result, fired.effects):  # type: ignore[arg-type]
+                    continue  # (its answer and effects are checked too: a wrong receipt is a violation)
             fire = self._reg_fire if registry else self._eng_fire
             sid = (self.reg_ids if registry else self.eng_ids)[state]
             t = fire(sid, event)

@@ -341,6 +341,9 @@ class System:
                 else:
                     self._session_send(st, i, (SP_FINALIZING, v, e, turns, aborts), (R_BEGIN_CLOSE, i), "close",
                                        out)
+                    # A session that ends abruptly (its agent died) skips begin_close: close_and_release
+                    # on a BOUND record (DESIGN §3: close may arrive in any live state).
+                    self._session_send(st, i, (SP_CLOSING, v, e, turns, aborts), (R_CLOSE, i), "close_now", out)
             elif phase == SP_GENERATING:
                 if aborts > 0:
                     self._abort(st, i, s, out)
@@ -759,19 +762,35 @@ class System:
     def canonical(self, st: State) -> State:
         """Sessions are interchangeable (one shard each, same budgets): sort them by everything that
         mentions them and rename. Equal signatures mean a swap leaves the state unchanged, so the
-        sorted relabelling is a canonical representative."""
+        sorted relabelling is a canonical representative.
+
+        The signature is built lazily (this runs once per generated successor, so it is the checker's
+        hottest function): first (environment tuple, registry record) per session; only when two
+        sessions tie on that do their in-flight messages and running requests join the key. Whether
+        a tie exists is the same for every member of an orbit, so the result is still canonical."""
         n = self.S
         if n < 2:
             return st
-        view = self.k.reg_views[st[REG]]
-        sess, net, running = st[SESS], st[NET], st[RUN]
-        sigs = []
-        for i in range(n):
-            msgs = tuple(sorted(_strip(m) for m in net if _session_of(m) == i))
-            runs = tuple(sorted((r[0], r[2]) for r in running if r[1] == i))
-            sigs.append((sess[i], view.sessions[i], msgs, runs, i))
-        order = sorted(range(n), key=lambda i: sigs[i][:4])
-        if order == list(range(n)):
+        sess = st[SESS]
+        records = self.k.reg_views[st[REG]].sessions
+        keys: list[tuple[Any, ...]] = [(sess[i], records[i]) for i in range(n)]
+        net, running = st[NET], st[RUN]
+        # Fast path: most successors change one session of an already sorted state, so the order holds.
+        if all(keys[i] <= keys[i + 1] for i in range(n - 1)) and (
+                not (net or running) or all(keys[i] < keys[i + 1] for i in range(n - 1))):
+            return st  # sorted, and sessions that tie have nothing else that could tell them apart
+        if len(set(keys)) < n and (net or running):
+            msgs: list[list[Any]] = [[] for _ in range(n)]
+            for m in net:
+                i = _session_of(m)
+                if i >= 0:
+                    msgs[i].append(_rename(m, None))
+            runs: list[list[Any]] = [[] for _ in range(n)]
+            for r in running:
+                runs[r[1]].append((r[0], r[2]))
+            keys = [(*keys[i], sorted(msgs[i]), runs[i]) for i in range(n)]  # runs are sorted already
+        order = sorted(range(n), key=keys.__getitem__)
+        if all(order[i] == i for i in range(n)):
             return st
         perm = [0] * n
         for new, old in enumerate(order):
@@ -779,8 +798,8 @@ class System:
         perm_t = tuple(perm)
         reg = self.k.permute_registry(st[REG], perm_t)
         new_sess = tuple(sess[old] for old in order)
-        new_net = tuple(sorted(_rename(m, perm_t) for m in net))
-        new_run = tuple(sorted((r[0], perm_t[r[1]], r[2]) for r in running))
+        new_net = tuple(sorted(_rename(m, perm_t) for m in st[NET]))
+        new_run = tuple(sorted((r[0], perm_t[r[1]], r[2]) for r in st[RUN]))
         return (reg, st[ENGS], new_sess, st[PUB], st[REC], st[JOBS], new_run, new_net, st[BUD])
 
     # ================================================================ printing
