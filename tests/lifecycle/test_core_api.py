@@ -41,7 +41,7 @@ from versioned_lora.lifecycle import (
     transitions_engine_step,
     transitions_step,
 )
-from versioned_lora.lifecycle.registry_rules import RegistryDraft, new_bound, new_closed
+from versioned_lora.lifecycle.registry_rules import draft_of, new_bound, new_closed
 from versioned_lora.lifecycle.results import Bound, Closed
 from versioned_lora.spec import ROWS, ROWS_BY_ID, Reason
 from versioned_lora.spec.model import ManagedAdapter
@@ -110,7 +110,7 @@ def test_freeze_builds_the_same_value_as_the_constructor() -> None:
     r = Registry()
     publish(r, A)
     bind(r, 0)
-    frozen = RegistryDraft(r.state).freeze()
+    frozen = draft_of(r.state).freeze()
     assert frozen == r.state and hash(frozen) == hash(r.state)
     assert frozen == RegistryState(*(getattr(r.state, f.name) for f in attrs.fields(RegistryState)))
     with pytest.raises(attrs.exceptions.FrozenInstanceError):

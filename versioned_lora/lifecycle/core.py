@@ -27,7 +27,7 @@ REGISTRY_NAMESPACE = Namespace(
     writers=registry_rules.WRITERS,
     effects=registry_rules.EFFECTS,
     results=registry_rules.RESULTS,
-    draft=registry_rules.RegistryDraft,
+    draft=registry_rules.draft_of,
 )
 ENGINE_NAMESPACE = Namespace(
     machines=ENGINE_SIDE_MACHINES,

@@ -74,7 +74,7 @@ class SessionRecord:
     version: VersionKey | None  # the binding; fixed once set, dropped from the tombstone
 
 
-@attrs.frozen
+@attrs.frozen(slots=False)  # not slotted: lifecycle's RegistryDraft becomes the next state by retyping
 class RegistryState:
     config: RegistryConfig
     versions: Map[VersionKey, Version]
