@@ -8,11 +8,13 @@ from pathlib import Path
 
 from model_checks import trace as traces
 from model_checks.bfs import check
-from model_checks.bounds import Bounds
+from model_checks.bounds import RECLAIM_WHILE_REHYDRATING, Bounds
 from model_checks.liveness import check_liveness
 from model_checks.report import report_lines
 from model_checks.simulate import simulate
 from model_checks.system import System
+from versioned_lora.lifecycle import Core
+from versioned_lora.spec import ROWS
 
 # Small enough for CI (a few seconds on a loaded core); the figures in model_checks/results/ use larger ones.
 CI_BOUNDS = Bounds(engines=2, versions=3, sessions=1, drops=1, dups=0, crashes=0, failures=0, bootstrapped=True)
@@ -54,6 +56,19 @@ def test_planted_bug_release_on_abort_is_found_within_ten_steps_and_replays(tmp_
     assert ok and problems, log
     assert json.loads(path.read_text())["violation"] == list(result.violation.problems)
     print(f"planted bug found in {steps} steps")
+
+
+def test_reclaim_while_rehydrating_bound_fires_reclaim_staging_and_kills_its_deletion() -> None:
+    """The mutation script's bound for row reclaim.staging (the seed-3 checker survivor before it
+    existed): the reference passes and fires the row; the table without it is a ProtocolError."""
+    system = System(RECLAIM_WHILE_REHYDRATING)
+    result = check(system)
+    assert result.violation is None and not result.complete  # stopped at its depth bound
+    assert system.k.row_counts[system.k.row_index["reclaim.staging"]] > 0
+    mutant = Core(tuple(row for row in ROWS if row.id != "reclaim.staging"))
+    found = check(System(RECLAIM_WHILE_REHYDRATING, mutant)).violation
+    assert found is not None
+    assert any("no row covers ReclaimAdapter in adapter:STAGING" in p for p in found.problems), found.problems
 
 
 def test_simulation_seed_replays_byte_for_byte() -> None:
