@@ -8,8 +8,10 @@ One registry actor (the real `create_registry_actor`: single writer, SQLite jour
 - unbatched: one `BindFirst` of a fresh session per call (one journal row, one fsync per bind);
 - batched: `--batch` (<= 256) `BindFirst` events per call (one journal row, one fsync per batch).
 
-Calls are issued from one asyncio loop with `--in-flight` calls outstanding; per-call latency is
-measured from submit to answer (it includes the wait behind other in-flight calls). Not a test:
+Calls are issued from one asyncio loop with `--in-flight` calls outstanding (default 1); per-call latency
+is measured from submit to answer, so with more than one outstanding it includes the wait behind the others
+(the actor applies calls one at a time): two in flight raise throughput by overlapping Ray's transport with
+the actor's work (27.6k binds/s against 20.7k) and double the latency (p50 18 ms against 12). Not a test:
 nothing is asserted; the last line is machine-readable:
 
     batched_binds_per_s=… p99_ms=… unbatched_binds_per_s=… raw_calls_per_s=…
@@ -166,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--open", type=int, default=100_000, help="sessions open during the measurement")
     parser.add_argument("--seconds", type=float, default=10.0, help="measurement time per mode")
     parser.add_argument("--batch", type=int, default=MAX_BATCH, help=f"binds per batched call (<= {MAX_BATCH})")
-    parser.add_argument("--in-flight", type=int, default=2, help="calls outstanding at once")
+    parser.add_argument("--in-flight", type=int, default=1, help="calls outstanding at once")
     parser.add_argument("--quick", action="store_true", help="3 s per mode")
     parser.add_argument("--json", help="also write the results here")
     args = parser.parse_args(argv)

@@ -20,7 +20,7 @@ import pytest
 import ray
 from registry_helpers import A, B, digest_of, new_actor, publish, refs
 
-from versioned_lora.adapters.journal import JournalConfigMismatch, state_digest
+from versioned_lora.adapters.journal import JournalConfigMismatch, JournalCorrupt, state_digest
 from versioned_lora.adapters.ray_registry import RegistryCore
 from versioned_lora.lifecycle import (
     BindFirst,
@@ -231,6 +231,74 @@ def test_a_checkpoint_written_over_many_calls_recovers_the_state_it_was_taken_of
     reopened = RegistryCore(path, checkpoint_every=400)
     assert reopened.state() == state and reopened.recovery.replayed_calls == calls
     reopened.close()
+
+
+def test_parts_of_superseded_checkpoints_are_deleted_a_few_per_call(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each checkpoint is stored as parts; once a newer one is stored, the older parts go, a few per call, and
+    a reopened journal still recovers from the newest."""
+    import sqlite3
+
+    from versioned_lora.adapters import journal
+
+    monkeypatch.setattr(journal, "CHECKPOINT_SLICE", 16)
+    path = tmp_path / "core.sqlite"
+    core = RegistryCore(path, checkpoint_every=200)
+    run(publish_shadow(core))
+    seqs_with_parts: set[int] = set()
+    for index in range(12):
+        core.submit_batch(f"b{index}", binds(0, index * 100, 100))
+        with sqlite3.connect(path) as db:
+            seqs_with_parts |= {seq for (seq,) in db.execute("SELECT DISTINCT seq FROM checkpoint_parts")}
+    for index in range(40):  # calls with no new checkpoint: the stale parts drain
+        core.submit_batch(f"c{index}", [CloseAndRelease(SessionKey(0, 0, index))])
+    stored = core.journal_stats()["checkpoint_seq"]
+    state = core.state()
+    core.close()
+    with sqlite3.connect(path) as db:
+        left = {seq for (seq,) in db.execute("SELECT DISTINCT seq FROM checkpoint_parts")}
+    assert len(seqs_with_parts) >= 3 and left == {stored}
+    reopened = RegistryCore(path, checkpoint_every=200)
+    assert reopened.state() == state
+    reopened.close()
+
+
+@pytest.mark.parametrize("tamper", ["checkpoint part", "checkpoint head", "call answers"])
+def test_a_tampered_journal_refuses_to_recover(tmp_path: Path, tamper: str) -> None:
+    """Recovery checks the checkpoint's digest over its parts and head, and every replayed answer against
+    the stored one: a changed byte is JournalCorrupt, never a silently different state."""
+    import sqlite3
+
+    path = tmp_path / "core.sqlite"
+    core = RegistryCore(path, checkpoint_every=150)
+    run(publish_shadow(core))
+    for index in range(3):
+        core.submit_batch(f"b{index}", binds(0, index * 100, 100))
+    core.submit_batch("late", binds(1, 0, 5))  # a call after the checkpoint, replayed on recovery
+    assert 0 < core.journal_stats()["checkpoint_seq"] < core.journal_stats()["last_seq"]
+    core.close()
+    intact = RegistryCore(path, checkpoint_every=150)  # untampered, it recovers
+    intact.close()
+    db = sqlite3.connect(path)
+
+    def flip_last_byte(table: str, column: str, where: str) -> None:
+        (data,) = db.execute(f"SELECT {column} FROM {table} WHERE {where}").fetchone()
+        changed = bytes(data[:-1]) + bytes([data[-1] ^ 1])
+        db.execute(f"UPDATE {table} SET {column}=? WHERE {where}", (changed,))
+
+    if tamper == "checkpoint part":
+        flip_last_byte("checkpoint_parts", "data", "part=0")
+    elif tamper == "checkpoint head":
+        flip_last_byte("checkpoints", "state", "seq=(SELECT MAX(seq) FROM checkpoints)")
+    else:  # the late call's answers name another adapter than the replay gives
+        (answers,) = db.execute("SELECT answers FROM calls WHERE key='late'").fetchone()
+        assert "relax_policy_lora@" in answers
+        db.execute("UPDATE calls SET answers=? WHERE key='late'", (answers.replace("@0-A-", "@0-B-"),))
+    db.commit()
+    db.close()
+    with pytest.raises(JournalCorrupt):
+        RegistryCore(path, checkpoint_every=150)
 
 
 async def publish_shadow(core: RegistryCore) -> None:
