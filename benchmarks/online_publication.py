@@ -210,7 +210,7 @@ class Bench:
     def traffic(self, mode: str) -> ClosedLoopTraffic:
         if mode == "managed":
             self.shard += 1
-            binder: Any = self.stack.binder(self.recorder, shard=self.shard)
+            binder: Any = self.stack.new_binder(self.recorder, shard=self.shard)
         else:
             binder = FixedNameBinder(self.recorder, self.stack.epoch)
         driver = AgenticDriver(binder, tool=tool_with_latency(self.shape.tool_latency_s))

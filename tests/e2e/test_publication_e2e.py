@@ -284,7 +284,7 @@ def test_really_trained_adapter_is_published_and_served_exactly(engines, fixture
 
     async def body() -> None:
         async with deployed(engines, fixtures, tmp_path) as d:
-            version, candidate = d.candidate("trained", snapshot)
+            version, candidate = d.candidate("trained", snapshot=snapshot)
             assert (await d.publisher.publish(version, candidate)).committed
             for engine in ("E0", "E1"):
                 session = d.binder.open(f"S_trained@{engine}")
@@ -353,7 +353,7 @@ def test_every_training_rank_gets_the_same_outcome(engines, fixtures, tmp_path) 
             c_version, c = d.candidate("C")
             await on_all_ranks(c_version, c)  # capacity rejection
             assert (await d.reclaimer.reclaim(a_version)).status == "RECLAIMED"
-            await on_all_ranks(*d.candidate("C2", c.snapshot), probe_ok=False)  # failure
+            await on_all_ranks(*d.candidate("C2", snapshot=c.snapshot), probe_ok=False)  # failure
             return outcomes
 
     mine = run(scenario())

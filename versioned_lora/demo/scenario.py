@@ -69,7 +69,7 @@ class DemoRun:
         self._publishing = ""
         stack.publisher._on_phase = self._on_phase  # the Publisher reports each phase's duration here
         self.recorder = RecordingBackend(stack.backend, stack.route)
-        self.binder = stack.binder(self.recorder, shard=0)
+        self.binder = stack.new_binder(self.recorder, shard=0)
         self.driver = AgenticDriver(self.binder, tool=tool_with_latency(shape.tool_latency_s))
         self.traffic = ClosedLoopTraffic(self.driver, shape, name="s")
         self.monitor = ProgressMonitor(list(stack.clients.values()))

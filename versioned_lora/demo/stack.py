@@ -24,6 +24,7 @@ from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.lifecycle import VersionKey
+from versioned_lora.runtime.interfaces import BackendRequest
 from versioned_lora.runtime.publisher import Deadlines, Publisher, Reclaimer
 from versioned_lora.runtime.session_binder import SessionBinder
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
@@ -66,35 +67,46 @@ class Stack:
         fixtures: Fixtures,
         on_phase: Callable[[str, str, float], None] | None = None,
         deadlines: Deadlines | None = None,
+        *,
+        probe_prompt: Sequence[int] = PROBE_PROMPT,
+        reference: ReferenceModel | None = None,
+        route: Callable[[BackendRequest], int] | None = None,
+        bucket_deadline_s: float = 60.0,
+        client_timeout_s: float = 300.0,
     ) -> None:
         # A fresh epoch per deployment: managed names are never reused on an engine.
         self.epoch = random.randrange(1, 2**31)
         self.fixtures = fixtures
         self.token = token
         journal = workdir / f"registry-{self.epoch}.sqlite"
-        self.handle = create_registry_actor(journal, name=f"registry-{uuid.uuid4().hex[:8]}",
+        self.registry_name = f"registry-{uuid.uuid4().hex[:8]}"
+        self.handle = create_registry_actor(journal, name=self.registry_name,
                                             engines=ENGINE_NAMES[: len(urls)], epoch=self.epoch)
         self.registry = RayRegistry(self.handle)
-        self.clients = {name: SGLangClient(url, token=token, timeout_s=300.0)
+        self.clients = {name: SGLangClient(url, token=token, timeout_s=client_timeout_s)
                         for name, url in zip(ENGINE_NAMES, urls, strict=False)}
-        self.ports: dict[str, EngineStaging] = {name: EngineStaging(name, client, PROBE_PROMPT, bucket_deadline_s=60.0)
-                                                for name, client in self.clients.items()}
-        self.reference = ReferenceModel(fixtures.model_dir)
-        self.probe_check = ReferenceProbeCheck(self.reference, PROBE_PROMPT)
+        self.ports: dict[str, EngineStaging] = {
+            name: EngineStaging(name, client, probe_prompt, bucket_deadline_s=bucket_deadline_s)
+            for name, client in self.clients.items()
+        }
+        self.reference = reference or ReferenceModel(fixtures.model_dir)
+        self.probe_check = ReferenceProbeCheck(self.reference, probe_prompt)
         self.deadlines = deadlines or Deadlines()
         self.publisher = Publisher(self.registry, self.ports, self.probe_check, self.deadlines, on_phase=on_phase)
         self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines)
-        self.route = sticky_by_session(len(self.clients))
+        self.route = route or sticky_by_session(len(self.clients))
         self.backend = SGLangBackend(list(self.clients.values()), route=self.route)
         self.candidates: dict[VersionKey, Candidate] = {}
         self.labels: dict[str, str] = {}  # lora_name -> label, for reports
         self.bucket_bytes = BUCKET_BYTES
 
-    def binder(self, backend: Any, shard: int) -> SessionBinder:
+    def new_binder(self, backend: Any, shard: int) -> SessionBinder:
         return SessionBinder(self.registry, backend, epoch=self.epoch, shard=shard)
 
-    def candidate(self, label: str, adapter: str | None = None, snapshot: Snapshot | None = None
-                  ) -> tuple[VersionKey, Candidate]:
+    def candidate(
+        self, label: str, adapter: str | None = None, *, snapshot: Snapshot | None = None
+    ) -> tuple[VersionKey, Candidate]:
+        """Version `label` of this epoch, from fixture adapter `adapter` (default: `label`) or `snapshot`."""
         snapshot = snapshot or snapshot_from_adapter_dir(self.fixtures.adapters[adapter or label])
         version = VersionKey(self.epoch, label)
         candidate = Candidate.build(lora_name(version, snapshot.digest), snapshot, self.bucket_bytes)
