@@ -92,10 +92,10 @@ def _scalar(value: Any) -> Any:
     return value
 
 
-def _item(value: Any) -> Any:
-    # Scalars are most of what a row holds (ints of session keys, names, sequence numbers): answering them
-    # here, without a call through `encode`, halves the time to encode a 256-bind call.
-    return value if type(value) in _SCALARS else encode(value)
+def _items(values: Iterable[Any]) -> list[Any]:
+    # Scalars are most of what a row holds (ints of session keys, names, sequence numbers): kept as they are
+    # here, without a call through `encode` each (8% of the time to encode a 256-bind call's answers).
+    return [v if type(v) in _SCALARS else encode(v) for v in values]
 
 
 def _encoder_for(cls: type) -> _Encoder:
@@ -108,13 +108,13 @@ def _encoder_for(cls: type) -> _Encoder:
         fields = tuple(f.name for f in attrs.fields(cls))
         if len(fields) == 1:
             (only,) = fields
-            return lambda value: ["A", name, [_item(getattr(value, only))]]
+            return lambda value: ["A", name, _items((getattr(value, only),))]
         getter = operator.attrgetter(*fields)
-        return lambda value: ["A", name, [v if type(v) in _SCALARS else encode(v) for v in getter(value)]]
+        return lambda value: ["A", name, _items(getter(value))]
     if issubclass(cls, tuple):
         if hasattr(cls, "_fields"):
-            return lambda value: ["N", name, [v if type(v) in _SCALARS else encode(v) for v in value]]
-        return lambda value: ["T", [v if type(v) in _SCALARS else encode(v) for v in value]]
+            return lambda value: ["N", name, _items(value)]
+        return lambda value: ["T", _items(value)]
     if issubclass(cls, Map):
         return _encode_map
     if issubclass(cls, frozenset):
@@ -291,7 +291,7 @@ class Journal:
         A checkpoint in progress rides along in the same transaction (one fsync): `checkpoint` advances by
         about `checkpoint_budget_s` of pickling and its slices are stored as parts; once it is done, its head
         and digest are stored too (only then does recovery use it) and this returns True. The parts of older
-        checkpoints are deleted a few per call afterwards (at once, 6 MB of them stalled a call). If this
+        checkpoints are deleted a few per call afterwards (a whole checkpoint's at once would stall one call). If this
         raises, the writer has moved past slices that were not stored: the caller must drop it."""
         with self._transaction():
             self._db.execute(
