@@ -170,6 +170,10 @@ def test_checking_reports_every_kind_of_violation() -> None:
     assert "targets OPEN but the entity is BOUND" in text
     problems = registry_step_violations(before, event, Fired(ROWS_BY_ID["open.late"], bad, None, ()))  # type: ignore[arg-type]
     assert any("declares no writes but changed the state" in p for p in problems)
+    stray = draft_of(before)
+    stray.sesions = Map()  # type: ignore[attr-defined]  # a misspelt field, as an update could write it
+    problems = registry_step_violations(before, event, Fired(ROWS_BY_ID["open.late"], stray.freeze(), None, ()))  # type: ignore[arg-type]
+    assert problems == ["row open.late left attributes that are not fields: ['sesions']"]
     assert "config" in changed_fields(before, attrs.evolve(before, config=attrs.evolve(before.config, capacity=9)))
 
 

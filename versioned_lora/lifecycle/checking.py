@@ -4,6 +4,8 @@ the model checker (`registry_step_violations`)."""
 
 from __future__ import annotations
 
+import attrs
+
 from versioned_lora.lifecycle.core import CORE, Core, Fired
 from versioned_lora.lifecycle.effects import PhysicalUnload
 from versioned_lora.lifecycle.frame import changed_fields, engine_changed_fields
@@ -12,6 +14,8 @@ from versioned_lora.spec.invariants import engine_violated, engine_violated_by_s
 from versioned_lora.spec.model import EngineAdapterState, RegistryState
 from versioned_lora.spec.states import SAME, SessionState
 from versioned_lora.spec.table import Row
+
+_STATE_FIELDS = frozenset(field.name for field in attrs.fields(RegistryState))
 
 
 class InvariantViolation(AssertionError):
@@ -43,6 +47,11 @@ def registry_step_violations(
     problems = [f"invariant {name}" for name in violated(after)]
     problems += [f"step invariant {name}" for name in violated_by_step(before, after)]
     problems += _frame_violations(fired.row, changed_fields(before, after), after == before)
+    # A draft becomes the state by retyping (registry_rules.RegistryDraft): an update that wrote an attribute
+    # RegistryState does not have would leave it in the state, unseen by equality and hashing.
+    strays = vars(after).keys() - _STATE_FIELDS
+    if strays:
+        problems.append(f"row {fired.row.id} left attributes that are not fields: {sorted(strays)}")
     landed = core.registry.table[type(event)][0](after, event)
     if not _target_reached(fired.row, landed):
         problems.append(f"row {fired.row.id} targets {fired.row.target} but the entity is {landed}")
