@@ -452,7 +452,8 @@ class System:
                 out.append((("pub", "abort"), nxt, ()))
         elif phase == PP_CLEANING:
             if view.vstate[vi] == V_FAILED_CLEAN:
-                out.append((("pub", "retry_version"), self._with(st, pub=(epoch, vi, PP_IDLE, -1)), ()))
+                if self._registry_knows_incarnations(st):
+                    out.append((("pub", "retry_version"), self._with(st, pub=(epoch, vi, PP_IDLE, -1)), ()))
             elif not any(j[0] == J_CLEAN and j[2] == vi for j in st[JOBS]) and not self._in_flight(net, client):
                 # cleanups not confirmed and nobody working on them: re-issue (abort.replay re-emits them)
                 self._pub_send(st, (epoch, vi, PP_ABORTING, tok), (R_ABORT, vi, tok), "abort_again", out)
@@ -464,6 +465,27 @@ class System:
             if phase == PP_COMMITTING:
                 code = (R_COMMIT, vi, tok, self._commit_revision(st))
             out.append((("pub", "retry"), self._with(st, net=self._net_add(net, self._reg_call(client, code))), ()))
+
+    def _registry_knows_incarnations(self, st: State) -> bool:
+        """Guard on `retry_version`, the only way the model reserves one version again.
+
+        The real `Publisher.publish` (versioned_lora/runtime/publisher.py) makes exactly one attempt:
+        on any refusal, STALE_INCARNATION included, it calls `abort_and_clean` and returns
+        FAILED_CLEAN (or UNKNOWN). It never reserves again by itself. So `retry_version` stands for
+        a caller that calls `publish` again. The runtime's way to tell the registry about a restarted
+        engine is `Publisher.sync_incarnations` (read each engine's `incarnation()`, submit
+        EngineRestarted; the demo runs it before it publishes). So the retry is modelled after the
+        registry knows every engine's current incarnation. Here the EngineRestarted comes from the
+        restart supervisor's notice, the same event that weak fairness delivers.
+
+        Without this guard the model's caller retried while the notice was still in flight. The
+        registry staged against the old incarnation, the engine refused, the abort cost no budget,
+        and each round minted a fresh attempt token: an unbounded counter, so no crash bound with a
+        version left to publish could finish. Only retries are guarded. The first reserve, the stale
+        refusal, the free abort and its cleanup are all still explored while the notice is in
+        flight, and every invariant is still checked after every step."""
+        engs, known = st[ENGS], self.k.reg_views[st[REG]].incarnations
+        return all(self.k.eng_views[engs[e]].incarnation == known[e] for e in range(self.E))
 
     def _commit_revision(self, st: State) -> int:
         """The revision the lost commit carried: the registry's, unless that commit already landed."""
