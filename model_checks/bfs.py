@@ -75,6 +75,7 @@ def _search(system: System, progress: Callable[[int, int, int], None] | None) ->
                 return _finish(result, started)
     depth = 0
     successors, state_problems = system.successors, system.state_problems
+    ample = system.ample if system.bounds.por else (lambda s: None)
     generated = 0
     while frontier:
         depth += 1
@@ -88,7 +89,7 @@ def _search(system: System, progress: Callable[[int, int, int], None] | None) ->
         # canonicalisation. Reset per level: across levels the visited set catches repeats anyway.
         raw_seen: set[int] = set()
         for st, parent in frontier:
-            succs = successors(st)
+            succs = ample(st) or successors(st)
             generated += len(succs)
             for label, s2, problems in succs:
                 if problems:

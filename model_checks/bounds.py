@@ -36,6 +36,7 @@ class Bounds:
     probes: bool = True  # stale/forged/late messages answered by no-op rows (see kernel.probe_*)
     max_depth: int = 0
     planted_bug: str = ""  # "" or a name from system.PLANTED_BUGS (an environment-model mutation)
+    por: bool = True  # partial-order reduction in the safety BFS (System.ample); off: every state fully expanded
 
     def __attrs_post_init__(self) -> None:
         if not (1 <= self.engines <= 4 and 1 <= self.versions <= 4 and 0 <= self.sessions <= 4):

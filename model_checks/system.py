@@ -160,6 +160,88 @@ class System:
         self._probes(st, out)
         return out
 
+    # ================================================================ partial-order reduction
+
+    def ample(self, st: State) -> list[Successor] | None:
+        """An ample set for `st` (a proper subset of `successors(st)`), or None: expand fully.
+
+        Used by the BFS when `bounds.por` is on; safety only (liveness.py and simulate.py always
+        use `successors`). Only two action classes are ever taken as ample, each only when it is
+        enabled; every other state is expanded fully. The conditions, and why each holds:
+
+        C0 (non-empty iff something is enabled): a class is returned only when its action is
+        enabled, and its successors are exactly the ones `successors` builds for it.
+
+        C1 (independence along every path): the class's component is written by no other action
+        and read by no other action in a way that can tell the before and after states apart;
+        no other action can enable or disable it; it does not disable any other action.
+
+        C2 (invisibility): neither class changes anything an invariant or a step check reads
+        (`state_problems`, `_unload_problems`, the dispatch check, the kernel's step checks, which
+        depend only on the registry/engine sub-state and the event), calls no core step (so
+        `row_counts` and the kernel's cached step checks are those of the full search) and reports
+        no problems itself. A violation at a state t reached by a path that avoids the ample action
+        `a` is then also at a(t), and a transition problem of a later action `b` is the same after `a`.
+
+        C3 (no ignoring): every ample edge strictly decreases mu(s) = (sessions in GENERATING) +
+        (1 if the publisher is not DONE), and no ample action raises the other term. So no cycle of
+        the reduced graph consists of reduced states only: every cycle holds a fully expanded
+        state. mu is invariant under renaming sessions, so this also holds on the quotient that
+        symmetry explores (the ample choice is made on the canonical representative, and both
+        classes and all invariants are symmetric in the sessions).
+
+        Class 1, ("pub", "done"): the publisher is IDLE with every version behind it. Its only
+        enabled action is "done" (IDLE -> DONE). Nothing else writes PUB in either phase: a late
+        publisher reply matches no phase (RESERVING/COMMITTING/ABORTING) and leaves PUB alone; a
+        publisher crash is enabled in neither phase. IDLE(vi >= V) and DONE answer every other
+        action alike (`_publisher_reply` falls through in both), and no invariant reads PUB. Nothing
+        can disable "done".
+
+        Class 2, a session's local steps after it lost its request: session i is GENERATING, none of
+        its messages (request or reply) is in flight, and no request of it is running. Its enabled
+        actions are then exactly "timeout_retry" (-> BOUND, engine -1) and, with aborts left,
+        "abort" (-> BOUND, aborts - 1, an abort request to its engine that will find nothing
+        running); both are taken (the ample set is all of session i's actions). Only session i
+        creates messages with its client and running entries for it (a duplicate needs one in
+        flight), so no other action can enable, disable or observe these steps: deliveries and
+        replies to other clients, crashes (an engine crash removes only running entries, none is
+        session i's; a registry crash removes only registry-bound messages, and the abort request is
+        engine-bound), drops/dups/bad manifests of other messages all commute with them. Both keep
+        the session in LIVE_BOUND with the same version, which is all `state_problems` and
+        `_unload_problems` read of a session. Excluded under the planted bug `release_on_abort`:
+        there the abort also sends a registry-bound close, which a registry crash can remove, so it
+        does not commute with that crash.
+
+        Considered and not taken (each is dependent on some other action that can be enabled at the
+        same time): every registry or engine delivery and every session call (they change core
+        sub-states, and their fault variants - lost, lose_reply, dup - share the drop/dup budgets
+        with every other message's drop/dup, so while a budget is left any ample set containing them
+        must contain every fault action); dispatch (reads the registry's placements and vstate,
+        which registry deliveries change); the reclaimer's claim and the publisher's recover and
+        retry_version (read the registry; an engine crash disables retry_version); job and publisher
+        retries (a registry crash removes what they send; a publisher abort or crash removes stage
+        jobs; a restart notice replaces a stage job)."""
+        epoch, vi, phase, _tok = st[PUB]
+        if phase == PP_IDLE and vi >= self.V:
+            return [(("pub", "done"), _replace(st, PUB, (epoch, vi, PP_DONE, -1)), ())]
+        sess = st[SESS]
+        for i, s in enumerate(sess):
+            if s[0] != SP_GENERATING:
+                continue
+            _phase, v, _e, turns, aborts = s
+            client = (C_SESSION, i)
+            if self._in_flight(st[NET], client) or any(r[1] == i for r in st[RUN]):
+                continue
+            if aborts > 0 and self.bug == "release_on_abort":
+                continue
+            out: list[Successor] = []
+            if aborts > 0:
+                self._abort(st, i, s, out)
+            out.append((("session", i, "timeout_retry"),
+                        _replace(st, SESS, _replace(sess, i, (SP_BOUND, v, -1, turns, aborts))), ()))
+            return out
+        return None
+
     # ---------------------------------------------------------------- helpers
 
     @staticmethod
