@@ -117,6 +117,7 @@ class System:
         self.k = Kernel(bounds, core)
         self.E, self.V, self.S, self.B = bounds.engines, bounds.versions, bounds.sessions, bounds.buckets
         self.bug = bounds.planted_bug
+        self._renamed: dict[tuple[Any, Any], tuple[Any, ...]] = {}  # (message, perm) -> _rename(message, perm)
         if self.bug and self.bug not in PLANTED_BUGS:
             raise ValueError(f"unknown planted bug {self.bug!r}; known: {sorted(PLANTED_BUGS)}")
 
@@ -287,10 +288,10 @@ class System:
         if t.row < 0:  # ProtocolError: a pair no row covers; the step is not taken
             out.append((("deliver", m), st, t.problems))
             return
-        base = self._with(st, reg=t.after, net=rest)
+        base = (t.after, st[1], st[2], st[3], st[4], st[5], st[6], rest, st[8])  # reg=t.after, net=rest
         out.append((("deliver", m), self._reply(base, client, code, t.answer, t.jobs), t.problems))
         if lose:
-            out.append((("deliver_lose_reply", m), self._with(base, bud=_spend(st[BUD], DROPS)), t.problems))
+            out.append((("deliver_lose_reply", m), (*base[:8], _spend(st[BUD], DROPS)), t.problems))
 
     def _deliver_engine(self, st: State, m: Any, rest: tuple[Any, ...], out: list[Successor], lose: bool) -> None:
         e, client, code = m[1], m[2], m[3]
@@ -441,7 +442,7 @@ class System:
     def _session_send(self, st: State, i: int, new: tuple[int, ...], code: tuple[int, ...], what: str,
                       out: list[Successor]) -> None:
         msg = self._reg_call((C_SESSION, i), code)
-        st1 = self._with(st, sess=_replace(st[SESS], i, new))
+        st1 = (st[0], st[1], _replace(st[SESS], i, new), *st[3:])
         label = ("session", i, what)
         if not self.bounds.atomic_sessions:
             out.append((label, self._with(st1, net=self._net_add(st[NET], msg)), ()))
@@ -485,7 +486,7 @@ class System:
     def _session_reply(self, st: State, i: int, code: tuple[int, ...], answer: tuple[int, ...]) -> State:
         rest = st[NET]
         if i < 0:
-            return self._with(st, net=rest)
+            return st
         phase, v, e, turns, aborts = st[SESS][i]
         kind = code[0]
         new = None
@@ -506,8 +507,8 @@ class System:
         elif kind == R_CLOSE and phase == SP_CLOSING:
             new = (SP_CLOSED, -1, -1, 0, 0)
         if new is None:
-            return self._with(st, net=rest)  # a late or duplicate reply
-        return self._with(st, sess=_replace(st[SESS], i, new), net=rest)
+            return st  # a late or duplicate reply (the message is already out of `st`'s network)
+        return (st[0], st[1], _replace(st[SESS], i, new), *st[3:])
 
     # ================================================================ publisher
 
@@ -880,15 +881,29 @@ class System:
         keys: list[tuple[Any, ...]] = [(sess[i], records[i]) for i in range(n)]
         net, running = st[NET], st[RUN]
         # Fast path: most successors change one session of an already sorted state, so the order holds.
-        if all(keys[i] <= keys[i + 1] for i in range(n - 1)) and (
-                not (net or running) or all(keys[i] < keys[i + 1] for i in range(n - 1))):
-            return st  # sorted, and sessions that tie have nothing else that could tell them apart
+        ordered, tied = True, None
+        prev = keys[0]
+        for i in range(1, n):
+            key = keys[i]
+            if key < prev:
+                ordered = False
+                break
+            if key == prev:
+                tied = {i - 1, i} if tied is None else tied | {i - 1, i}
+            prev = key
+        if ordered:
+            if tied is None or not (net or running):
+                return st  # sorted, and sessions that tie have nothing else that could tell them apart
+            if not (any(_session_of(m) in tied for m in net) or any(r[1] in tied for r in running)):
+                # Sessions that tie have no messages and no requests: their full signatures tie too,
+                # so the slow path below would keep this order (its sort is stable). Same result.
+                return st
         if len(set(keys)) < n and (net or running):
             msgs: list[list[Any]] = [[] for _ in range(n)]
             for m in net:
                 i = _session_of(m)
                 if i >= 0:
-                    msgs[i].append(_rename(m, None))
+                    msgs[i].append(self._rename(m, None))
             runs: list[list[Any]] = [[] for _ in range(n)]
             for r in running:
                 runs[r[1]].append((r[0], r[2]))
@@ -902,9 +917,17 @@ class System:
         perm_t = tuple(perm)
         reg = self.k.permute_registry(st[REG], perm_t)
         new_sess = tuple(sess[old] for old in order)
-        new_net = tuple(sorted(_rename(m, perm_t) for m in st[NET]))
+        new_net = tuple(sorted([self._rename(m, perm_t) for m in st[NET]]))
         new_run = tuple(sorted((r[0], perm_t[r[1]], r[2]) for r in st[RUN]))
         return (reg, st[ENGS], new_sess, st[PUB], st[REC], st[JOBS], new_run, new_net, st[BUD])
+
+    def _rename(self, m: tuple[Any, ...], perm: tuple[int, ...] | None) -> tuple[Any, ...]:
+        """`_rename`, memoised: the messages and permutations are few and recur in every level."""
+        key = (m, perm)
+        r = self._renamed.get(key)
+        if r is None:
+            r = self._renamed[key] = _rename(m, perm)
+        return r
 
     # ================================================================ printing
 
