@@ -110,6 +110,9 @@ class Stack:
         snapshot = snapshot or snapshot_from_adapter_dir(self.fixtures.adapters[adapter or label])
         version = VersionKey(self.epoch, label)
         candidate = Candidate.build(lora_name(version, snapshot.digest), snapshot, self.bucket_bytes)
+        # What the probe must answer is known once the snapshot is frozen: computed here, with the candidate,
+        # so no publication spends a reference forward (on the publisher's event loop) inside its `end`.
+        self.probe_check.reference(candidate)
         self.candidates[version] = candidate
         self.labels[candidate.lora_name] = label
         return version, candidate

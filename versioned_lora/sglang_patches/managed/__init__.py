@@ -15,7 +15,7 @@ import functools
 from typing import Any
 
 from versioned_lora.sglang_patches import introspection
-from versioned_lora.sglang_patches.managed import audit, endpoints, guards, scheduler_client, scheduler_side
+from versioned_lora.sglang_patches.managed import audit, endpoints, guards, scheduler_side, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import ManagedEngine
 from versioned_lora.sglang_patches.mechanism import replace_attribute
 
@@ -57,7 +57,7 @@ def apply(role: str) -> None:
 
     if _stock_load is None:
         _stock_load = TokenizerManager.load_lora_adapter
-    scheduler_client.install()
+    staging_channel.choose_address()  # inherited by the scheduler process launch_server spawns
     audit.install()
     guards.install(may_serve=lambda name: current_engine().unavailable_state(name))
     _install_refcount_mirror(LoRARegistry)

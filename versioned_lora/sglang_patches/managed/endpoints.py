@@ -19,11 +19,11 @@ from fastapi import Request  # module level: FastAPI resolves the endpoint's ann
 
 from versioned_lora.adapters.manifest import Manifest, ManifestError
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
-from versioned_lora.sglang_patches.managed import audit, scheduler_client
+from versioned_lora.sglang_patches.managed import audit, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import EngineOperationError, ManagedEngine, ProtocolRefusal
 from versioned_lora.sglang_patches.managed.guards import is_managed_name
-from versioned_lora.sglang_patches.managed.scheduler_client import SchedulerCallFailed
 from versioned_lora.sglang_patches.managed.staging import DiskSource, DistributedSource, StagingFailed, StagingSource
+from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallFailed
 
 PREFIX = "/versioned_lora"
 TOKEN_ENV = "VERSIONED_LORA_TOKEN"
@@ -68,11 +68,11 @@ class ManagedAPI:
                 "STALE_INCARNATION", f"group {name!r} is not named for incarnation {self.engine.incarnation}", 409
             )
         timeout_s = float(_field(body, "timeout_s", int | float))
-        await scheduler_client.call(self.engine.tm, "init_group", name=name,
+        await staging_channel.call("init_group", name=name,
                                     master_address=_field(body, "master_address", str),
                                     master_port=_field(body, "master_port", int), timeout_s=timeout_s)
-        answer = await scheduler_client.poll(self.engine.tm, "poll_group", lambda a: a["state"] != "JOINING",
-                                             timeout_s, interval_s=0.02, name=name)
+        answer = await staging_channel.poll("poll_group", lambda a: a["state"] != "JOINING",
+                                             timeout_s, name=name)
         if answer is None or answer["state"] != "READY":
             raise BadRequest("GROUP_FAILED", f"transfer group {name!r} did not form: {answer}", status=502)
         return {"group": name, "state": "READY"}
@@ -239,7 +239,7 @@ def _adapter_view(engine: ManagedEngine, body: dict[str, Any]) -> Any:
 
 async def status_extension(engine: ManagedEngine) -> dict[str, Any]:
     try:
-        scheduler = await scheduler_client.call(engine.tm, "status")
+        scheduler = await staging_channel.call("status")
     except SchedulerCallFailed as exc:
         scheduler = {"error": str(exc)}
     return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler}

@@ -131,7 +131,7 @@ class ManagedEngine:
         for effect in effects:
             if isinstance(effect, AllocateStash):
                 self.sources[(source.lora_name, source.attempt_token)] = source
-                await source.allocate(self.tm)
+                await source.allocate()
         return result
 
     def staging_reservations(self) -> int:
@@ -143,12 +143,12 @@ class ManagedEngine:
         result, effects = self.step_or_refuse(ReceiveBucket(name, attempt_token, incarnation, index))
         for effect in effects:
             if isinstance(effect, StashBucket):
-                await self.sources[(name, attempt_token)].stash_bucket(self.tm, index)
+                await self.sources[(name, attempt_token)].stash_bucket(index)
         return result
 
     async def end(self, name: str, attempt_token: str, incarnation: int, probe_input_ids: list[int]) -> Any:
         source = self.sources.get((name, attempt_token))
-        verdict = await source.verify(self.tm) if source is not None else None
+        verdict = await source.verify() if source is not None else None
         # A rejected manifest is a refusal that still changes state (STAGING -> CLEANED, stash freed):
         # run the row's effects first, then answer with the verdict's detail.
         manifest_ok = verdict is None or verdict.ok
@@ -200,7 +200,7 @@ class ManagedEngine:
                 key = (effect.lora_name, effect.attempt_token or attempt_token or "")
                 source = self.sources.pop(key, None)
                 if source is not None:
-                    await source.free(self.tm)
+                    await source.free()
             elif isinstance(effect, Unregister):
                 await self._unregister(effect.lora_name)
             elif isinstance(effect, PhysicalUnload):
@@ -212,7 +212,7 @@ class ManagedEngine:
         from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput
 
         source = self.sources[(name, attempt_token)]
-        path = await source.materialise(self.tm)
+        path = await source.materialise()
         # TokenizerControlMixin.load_lora_adapter (the stock one, not our guard): a fresh LoRARef,
         # so a new lora_id and a cold KV namespace; pinned, so LRU eviction never picks it.
         output = await self._stock_load(self.tm, LoadLoRAAdapterReqInput(lora_name=name, lora_path=path, pinned=True))

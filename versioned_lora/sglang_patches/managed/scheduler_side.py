@@ -1,10 +1,12 @@
 """The scheduler-process half of staging: transfer groups and per-attempt stashes.
 
-Nothing here ever blocks the scheduler's event loop on a peer: joining a group runs in a thread,
-and a bucket receive is an async collective (``transfer.start_receive_bucket``) polled by the
-server. While a publisher is slow or dead, the scheduler keeps scheduling and decoding; the server
-enforces the per-bucket deadline and, on a miss, asks us to drop the group (which releases the
-pending receive). Stashes hold received bucket buffers only; serving weights are never touched.
+The server calls the `StashStore` through the staging channel, served by a thread of its own
+(`staging_channel`), never by the scheduler's event loop. Nothing here blocks on a peer: joining a
+group runs in a thread, and a bucket receive is an async collective
+(``transfer.start_receive_bucket``) polled by the server. While a publisher is slow or dead, the
+scheduler keeps scheduling and decoding; the server enforces the per-bucket deadline and, on a miss,
+asks us to drop the group (which releases the pending receive). Stashes hold received bucket
+buffers only; serving weights are never touched.
 """
 
 from __future__ import annotations
@@ -14,7 +16,6 @@ import logging
 import shutil
 import tempfile
 import threading
-import time
 from pathlib import Path
 from typing import Any
 
@@ -29,7 +30,7 @@ from versioned_lora.adapters.transfer import (
     received_tensors,
     start_receive_bucket,
 )
-from versioned_lora.sglang_patches.managed import ipc
+from versioned_lora.sglang_patches.managed import staging_channel
 from versioned_lora.sglang_patches.mechanism import replace_attribute
 
 logger = logging.getLogger(__name__)
@@ -232,35 +233,47 @@ def store() -> StashStore:
     return _store
 
 
-def handle_call(call: ipc.VersionedLoraSchedulerCall) -> ipc.VersionedLoraSchedulerReply:
-    started = time.perf_counter()
-    try:
-        store().reap()
-        method = getattr(store(), call.method)
-        result = method(**ipc.decode(call.payload))
-        return ipc.VersionedLoraSchedulerReply(ok=True, payload=ipc.encode(result))
-    except Exception as exc:
-        logger.exception("versioned-lora scheduler call %s failed", call.method)
-        return ipc.VersionedLoraSchedulerReply(ok=False, payload=b"{}", error=f"{type(exc).__name__}: {exc}")
-    finally:
-        elapsed = time.perf_counter() - started
-        if elapsed > 0.05:
-            logger.warning("versioned-lora scheduler call %s took %.3fs", call.method, elapsed)
-
-
 def install() -> None:
-    """Scheduler role: register the IPC types and add our handler to the request dispatcher."""
+    """Scheduler role: once SGLang's Scheduler is built, serve the staging channel from a thread of its own
+    (see `staging_channel` for why staging does not go through the scheduler's event loop)."""
     from sglang.srt.managers.scheduler import Scheduler
-    from sglang.utils import TypeBasedDispatcher
 
-    ipc.register_types()
     stock_init = Scheduler.init_request_dispatcher
 
     def init_request_dispatcher(self: Any) -> None:
-        # Scheduler.init_request_dispatcher builds the TypeBasedDispatcher that routes every control
-        # request; ours is one more (type, handler) pair.
+        # Scheduler.init_request_dispatcher runs once, in Scheduler.__init__, after the model and the
+        # LoRA manager exist: a point every scheduler process passes exactly once.
         stock_init(self)
-        self._request_dispatcher += TypeBasedDispatcher([(ipc.VersionedLoraSchedulerCall, handle_call)])
+        _serve_channel()
 
     replace_attribute(PATCH_SET, Scheduler, "init_request_dispatcher", init_request_dispatcher,
-                      why="route versioned-lora staging calls to scheduler_side")
+                      why="start the versioned-lora staging channel in the scheduler process")
+
+
+def _serve_channel() -> None:
+    from sglang.srt.runtime_context import get_device, get_server_args
+
+    args = get_server_args()
+    if (args.tp_size, args.pp_size, args.dp_size) != (1, 1, 1):
+        # The transfer group has two ranks: the publisher and this engine's one scheduler.
+        raise RuntimeError(
+            f"versioned-lora staging needs one scheduler per engine (tp=pp=dp=1), got tp={args.tp_size} "
+            f"pp={args.pp_size} dp={args.dp_size}"
+        )
+
+    def on_thread_start() -> None:
+        import torch
+
+        if torch.cuda.is_available():  # receive buffers on this scheduler's GPU, not on device 0
+            torch.cuda.set_device(get_device().gpu_id)
+
+    staging_channel.serve(dispatch, on_thread_start)
+
+
+def dispatch(method: str, payload: dict[str, Any]) -> dict[str, Any]:
+    """One staging call: reap abandoned groups whose receives have finished, then run the method."""
+    if method.startswith("_") or method == "reap":
+        raise AttributeError(f"no staging call {method!r}")
+    store().reap()
+    result: dict[str, Any] = getattr(store(), method)(**payload)
+    return result

@@ -18,12 +18,12 @@ import asyncio
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Protocol
 
 import attrs
 
 from versioned_lora.adapters.manifest import Manifest, ManifestError
-from versioned_lora.sglang_patches.managed import scheduler_client
+from versioned_lora.sglang_patches.managed import staging_channel
 
 
 @attrs.frozen
@@ -40,15 +40,15 @@ class StagingSource(Protocol):
     bucket_count: int
     manifest: Manifest
 
-    async def allocate(self, tokenizer_manager: Any) -> None: ...
+    async def allocate(self) -> None: ...
 
-    async def stash_bucket(self, tokenizer_manager: Any, index: int) -> None: ...
+    async def stash_bucket(self, index: int) -> None: ...
 
-    async def verify(self, tokenizer_manager: Any) -> Verdict: ...
+    async def verify(self) -> Verdict: ...
 
-    async def materialise(self, tokenizer_manager: Any) -> str: ...
+    async def materialise(self) -> str: ...
 
-    async def free(self, tokenizer_manager: Any) -> None: ...
+    async def free(self) -> None: ...
 
 
 @attrs.define
@@ -64,13 +64,13 @@ class DiskSource:
     # happens to the original directory afterwards.
     private_copy: Path | None = None
 
-    async def allocate(self, tokenizer_manager: Any) -> None:
+    async def allocate(self) -> None:
         return None
 
-    async def stash_bucket(self, tokenizer_manager: Any, index: int) -> None:
+    async def stash_bucket(self, index: int) -> None:
         raise AssertionError("a disk source has no buckets")
 
-    async def verify(self, tokenizer_manager: Any) -> Verdict:
+    async def verify(self) -> Verdict:
         return await asyncio.to_thread(self._verify_blocking)
 
     def _verify_blocking(self) -> Verdict:
@@ -91,11 +91,11 @@ class DiskSource:
             return Verdict(False, f"serving config differs: digest {snapshot.digest}, expected {self.digest}")
         return Verdict(True)
 
-    async def materialise(self, tokenizer_manager: Any) -> str:
+    async def materialise(self) -> str:
         assert self.private_copy is not None, "materialise before verify"
         return str(self.private_copy)
 
-    async def free(self, tokenizer_manager: Any) -> None:
+    async def free(self) -> None:
         if self.private_copy is not None:
             shutil.rmtree(self.private_copy, ignore_errors=True)
 
@@ -122,33 +122,32 @@ class DistributedSource:
     verify_deadline_s: float = 600.0
     loaded_from: str | None = None
 
-    async def allocate(self, tokenizer_manager: Any) -> None:
-        await scheduler_client.call(
-            tokenizer_manager, "allocate", attempt=self.attempt_token, plan_json=self.plan_json,
+    async def allocate(self) -> None:
+        await staging_channel.call(
+            "allocate", attempt=self.attempt_token, plan_json=self.plan_json,
             manifest_json=self.manifest.to_json(), group=self.group_name,
         )
 
-    async def stash_bucket(self, tokenizer_manager: Any, index: int) -> None:
-        # The scheduler posts an async receive and returns at once; we poll it here, in the server,
-        # so a publisher that stalls costs the scheduler nothing but the polls.
-        await scheduler_client.call(tokenizer_manager, "start_receive", attempt=self.attempt_token, index=index)
-        answer = await scheduler_client.poll(
-            tokenizer_manager, "poll_receive", lambda a: a["state"] != "PENDING", self.bucket_deadline_s,
+    async def stash_bucket(self, index: int) -> None:
+        # The scheduler process posts an async receive and returns at once; we poll it here, in the
+        # server, so a publisher that stalls costs the scheduler process nothing but the polls.
+        await staging_channel.call("start_receive", attempt=self.attempt_token, index=index)
+        answer = await staging_channel.poll(
+            "poll_receive", lambda a: a["state"] != "PENDING", self.bucket_deadline_s,
             attempt=self.attempt_token, index=index,
         )
         if answer is None:
             # Dropping the group releases the pending receive (gloo) and makes the publisher's send
             # fail fast; a later attempt re-creates the group.
-            await scheduler_client.call(tokenizer_manager, "drop_group", name=self.group_name)
+            await staging_channel.call("drop_group", name=self.group_name)
             raise StagingFailed("BUCKET_DEADLINE", f"bucket {index} did not arrive within {self.bucket_deadline_s}s")
         if answer["state"] != "STASHED":
             raise StagingFailed("BUCKET_FAILED", f"bucket {index}: {answer}")
 
-    async def verify(self, tokenizer_manager: Any) -> Verdict:
-        await scheduler_client.call(tokenizer_manager, "start_verify", attempt=self.attempt_token, digest=self.digest)
-        answer = await scheduler_client.poll(
-            tokenizer_manager, "poll_verify", lambda a: a["state"] == "DONE", self.verify_deadline_s,
-            interval_s=0.01, attempt=self.attempt_token,
+    async def verify(self) -> Verdict:
+        await staging_channel.call("start_verify", attempt=self.attempt_token, digest=self.digest)
+        answer = await staging_channel.poll(
+            "poll_verify", lambda a: a["state"] == "DONE", self.verify_deadline_s, attempt=self.attempt_token,
         )
         if answer is None:
             return Verdict(False, "verification did not finish in time")
@@ -157,9 +156,9 @@ class DistributedSource:
         self.loaded_from = answer["path"]
         return Verdict(True)
 
-    async def materialise(self, tokenizer_manager: Any) -> str:
+    async def materialise(self) -> str:
         assert self.loaded_from is not None, "materialise before verify"
         return self.loaded_from
 
-    async def free(self, tokenizer_manager: Any) -> None:
-        await scheduler_client.call(tokenizer_manager, "free", attempt=self.attempt_token)
+    async def free(self) -> None:
+        await staging_channel.call("free", attempt=self.attempt_token)

@@ -1,0 +1,79 @@
+"""The staging channel on its own (no engine): real ZMQ sockets, a real serving thread.
+
+The engines' staging tests (test_staged_publication.py and the e2e tests) run every staging call
+through it; these pin the channel's own contract: answers matched to concurrent calls, a raising call
+reported as a typed failure, and a call nobody answers failing after the timeout instead of hanging.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from typing import Any
+
+import pytest
+
+from versioned_lora.sglang_patches.managed import staging_channel
+from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallFailed
+
+
+@pytest.fixture
+def address(monkeypatch: pytest.MonkeyPatch) -> str:
+    name = f"ipc://@vlora-test-{uuid.uuid4().hex}"
+    monkeypatch.setenv(staging_channel.ADDRESS_ENV, name)
+    return name
+
+
+def test_concurrent_calls_get_their_own_answers_and_errors_are_typed(address: str) -> None:
+    served_on: list[str] = []
+
+    def dispatch(method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        served_on.append(threading.current_thread().name)
+        if method == "boom":
+            raise KeyError("no such attempt")
+        if method == "slow":
+            time.sleep(0.2)
+        return {"method": method, **payload}
+
+    staging_channel.serve(dispatch)
+
+    async def scenario() -> list[Any]:
+        slow = asyncio.create_task(staging_channel.call("slow", n=0))
+        quick = [staging_channel.call("echo", n=i) for i in range(1, 20)]
+        answers = await asyncio.gather(slow, *quick)
+        with pytest.raises(SchedulerCallFailed, match="boom: KeyError: 'no such attempt'"):
+            await staging_channel.call("boom")
+        return answers
+
+    answers = asyncio.run(scenario())
+    assert answers == [{"method": "slow", "n": 0}] + [{"method": "echo", "n": i} for i in range(1, 20)]
+    assert set(served_on) == {"vlora-staging-channel"}
+
+
+def test_a_call_nobody_answers_fails_after_the_timeout(address: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(staging_channel, "CALL_TIMEOUT_S", 0.3)
+    started = time.monotonic()
+    with pytest.raises(SchedulerCallFailed, match="no answer from the scheduler process"):
+        asyncio.run(staging_channel.call("status"))  # no scheduler serves this address
+    assert 0.3 <= time.monotonic() - started < 5
+
+
+def test_serve_reports_a_bind_failure_at_start(address: str) -> None:
+    staging_channel.serve(lambda method, payload: {})
+    with pytest.raises(Exception, match="Address already in use"):
+        staging_channel.serve(lambda method, payload: {})
+
+
+def test_poll_stops_at_the_deadline(address: str) -> None:
+    calls: list[int] = []
+
+    def dispatch(method: str, payload: dict[str, Any]) -> dict[str, Any]:
+        calls.append(1)
+        return {"state": "PENDING"}
+
+    staging_channel.serve(dispatch)
+    answer = asyncio.run(staging_channel.poll("poll_receive", lambda a: a["state"] != "PENDING", 0.1, index=0))
+    assert answer is None
+    assert len(calls) >= 2
