@@ -20,7 +20,7 @@ import pytest
 import ray
 from registry_helpers import A, B, digest_of, new_actor, publish, refs
 
-from versioned_lora.adapters.journal import JournalConfigMismatch, JournalCorrupt, state_digest
+from versioned_lora.adapters.journal import JournalConfigMismatch, JournalCorrupt, dumps_row, loads, state_digest
 from versioned_lora.adapters.ray_registry import RegistryCore
 from versioned_lora.lifecycle import (
     BindFirst,
@@ -31,6 +31,7 @@ from versioned_lora.lifecycle import (
     RegistryEvent,
     Reserve,
     SessionKey,
+    VersionKey,
 )
 from versioned_lora.runtime.interfaces import MAX_BATCH, BatchTooLarge, IdempotencyKeyReused
 
@@ -305,3 +306,12 @@ async def publish_shadow(core: RegistryCore) -> None:
     from versioned_lora.adapters.ray_registry import LocalRegistry
 
     await publish(LocalRegistry(core), A, revision=0)
+
+
+def test_journal_rows_read_back_exactly_whatever_their_values() -> None:
+    """Rows are written by orjson; a value it refuses (an integer beyond 64 bits) takes the standard encoder,
+    and both read back equal, integers exact."""
+    value = (SessionKey(1, 2, 3), VersionKey(1, "A"), "é", 1.5, None, True, frozenset({"x", "y"}))
+    assert loads(dumps_row(value)) == value
+    huge = (SessionKey(1, 2, 2**70), 2**64 + 1)
+    assert loads(dumps_row(huge)) == huge

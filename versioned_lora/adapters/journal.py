@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import attrs
+import orjson
 from immutables import Map
 
 from versioned_lora import lifecycle
@@ -152,10 +153,24 @@ def _canonical(data: Any) -> str:
 
 
 def dumps(value: Any) -> str:
+    """Canonical text: what digests and the stored configuration are compared by."""
     return _canonical(encode(value))
 
 
+def dumps_row(value: Any) -> str:
+    """A journal row: the same tagged form (read back by `loads`) written by orjson. A row is only ever
+    decoded, never compared as text, so it needs no canonical key order; the standard library's encoder
+    took 0.7 ms of a 256-bind call, orjson 0.03. (orjson refuses integers beyond 64 bits: those rows
+    take the standard encoder.)"""
+    data = encode(value)
+    try:
+        return orjson.dumps(data).decode()
+    except orjson.JSONEncodeError:
+        return _canonical(data)
+
+
 def loads(text: str) -> Any:
+    # The standard decoder: it reads integers of any size exactly (orjson would read them as floats).
     return decode(json.loads(text))
 
 
@@ -296,7 +311,7 @@ class Journal:
         with self._transaction():
             self._db.execute(
                 "INSERT INTO calls (seq, key, events, answers) VALUES (?, ?, ?, ?)",
-                (seq, key, dumps(tuple(events)), dumps(tuple(answers))),
+                (seq, key, dumps_row(tuple(events)), dumps_row(tuple(answers))),
             )
             parts = [] if checkpoint is None else checkpoint.advance(checkpoint_budget_s)
             stored = checkpoint is not None and self._store_checkpoint(checkpoint, parts)
