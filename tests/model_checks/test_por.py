@@ -16,8 +16,10 @@ from model_checks.bounds import Bounds
 from model_checks.report import rows_fired
 from model_checks.system import ENGS, REG, System
 
-# Complete bounds (each a few seconds at most): both reduced classes fire in them (the publisher
-# finishing every version; a session whose request was lost by a drop, a crash or a duplicate).
+# Complete bounds (each a few seconds at most). The publisher finishes every version in each, so
+# class 1 applies in all of them; class 2 (a session whose request is gone) needs a drop or an
+# engine crash, so it can apply only in the first and the fourth (test_ample_sets_are_successors_of_the_state
+# shows it does in the fourth). The tests assert that POR removes states in each bound.
 BOUNDS = (
     Bounds(engines=2, versions=3, sessions=1, drops=1, dups=0, crashes=0, failures=0, bootstrapped=True),
     Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=1, bootstrapped=True),
