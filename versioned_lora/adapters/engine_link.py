@@ -135,7 +135,13 @@ class EngineLink:
             )
         )
         send = asyncio.create_task(asyncio.to_thread(send_bucket, self.group, flat))
-        answer = await confirm
+        try:
+            answer = await confirm
+        except BaseException:
+            # Refused or lost: the send's own failure (a peer gone, a dropped group) is not the news, and
+            # must not surface later as an exception nobody retrieved.
+            send.add_done_callback(lambda task: task.cancelled() or task.exception())
+            raise
         await send
         return answer
 

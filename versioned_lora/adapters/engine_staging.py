@@ -54,15 +54,22 @@ class EngineStaging:
         link = await self.link()
         await self._call(link.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
 
+    async def _attempt_link(self) -> EngineLink:
+        """The link the attempt's `begin` used, without asking the engine for its incarnation again (a
+        status round trip per bucket and at `end` cost a publication under load as much as its bytes). A
+        restart since `begin` still fails the attempt: the calls carry the old incarnation, which the new
+        process refuses (or the old one is gone)."""
+        return self._link if self._link is not None else await self.link()
+
     async def transfer_bucket(self, candidate: Candidate, attempt_token: str, index: int) -> None:
-        link = await self.link()
+        link = await self._attempt_link()
         await self._call(link.transfer_bucket(candidate, attempt_token, index))
         if self.hold_after_bucket is not None and index >= self.hold_after_bucket:
             self.held.set()
             await asyncio.Event().wait()  # held until the caller cancels (the test kills the engine)
 
     async def end(self, candidate: Candidate, attempt_token: str) -> ReadyReceipt:
-        link = await self.link()
+        link = await self._attempt_link()
         answer = await self._call(link.end(candidate, attempt_token, self.probe_input_ids))
         result, probe = answer["result"], answer["adapter"]["probe"]
         return ReadyReceipt(
