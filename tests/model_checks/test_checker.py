@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from model_checks import trace as traces
 from model_checks.bfs import check
 from model_checks.bounds import RECLAIM_WHILE_REHYDRATING, Bounds
@@ -41,9 +43,10 @@ def test_symmetry_reduces_and_keeps_the_verdict() -> None:
     print(f"symmetry on: {with_sym.distinct} distinct; off: {without.distinct}")
 
 
-def test_planted_bug_release_on_abort_is_found_within_ten_steps_and_replays(tmp_path: Path) -> None:
+@pytest.mark.parametrize("por", [True, False], ids=["por", "no-por"])
+def test_planted_bug_release_on_abort_is_found_within_ten_steps_and_replays(tmp_path: Path, por: bool) -> None:
     system = System(Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=0,
-                           bootstrapped=True, planted_bug="release_on_abort"))
+                           bootstrapped=True, planted_bug="release_on_abort", por=por))
     result = check(system)
     assert result.violation is not None
     steps = len(result.violation.trace) - 1

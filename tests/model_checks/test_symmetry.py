@@ -8,6 +8,8 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
+from checked_states import on_each_checked_state
+
 from model_checks.bfs import check
 from model_checks.bounds import Bounds
 from model_checks.system import NET, REG, RUN, SESS, System
@@ -28,13 +30,7 @@ def test_canonical_form_is_the_same_for_every_renaming_of_the_sessions() -> None
                     symmetry=False, por=False, max_depth=9)
     system = System(bounds)
     states: list[Any] = []
-    problems = system.state_problems
-
-    def record(st: Any) -> tuple[str, ...]:
-        states.append(st)
-        return problems(st)
-
-    system.state_problems = record  # type: ignore[method-assign]
+    on_each_checked_state(system, states.append)
     check(system)
     with_messages = 0
     perms = list(itertools.permutations(range(3)))
