@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
-import uuid
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -21,9 +21,8 @@ from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallF
 
 @pytest.fixture
 def address(monkeypatch: pytest.MonkeyPatch) -> str:
-    name = f"ipc://@vlora-test-{uuid.uuid4().hex}"
-    monkeypatch.setenv(staging_channel.ADDRESS_ENV, name)
-    return name
+    monkeypatch.delenv(staging_channel.ADDRESS_ENV, raising=False)
+    return staging_channel.choose_address()  # sets the environment, as the server does before launch
 
 
 def test_concurrent_calls_get_their_own_answers_and_errors_are_typed(address: str) -> None:
@@ -60,10 +59,28 @@ def test_a_call_nobody_answers_fails_after_the_timeout(address: str, monkeypatch
     assert 0.3 <= time.monotonic() - started < 5
 
 
-def test_serve_reports_a_bind_failure_at_start(address: str) -> None:
-    staging_channel.serve(lambda method, payload: {})
-    with pytest.raises(Exception, match="Address already in use"):
+def test_serve_reports_a_bind_failure_at_start(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv(staging_channel.ADDRESS_ENV, f"ipc://{tmp_path}/no-such-directory/channel.sock")
+    with pytest.raises(Exception, match="No such file or directory"):
         staging_channel.serve(lambda method, payload: {})
+
+
+def test_the_socket_is_private_and_a_stray_message_does_not_stop_the_channel(
+    address: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import zmq
+
+    monkeypatch.setattr(staging_channel, "CALL_TIMEOUT_S", 5.0)  # a dead channel fails the call, not the suite
+
+    directory = Path(address.removeprefix("ipc://")).parent
+    assert directory.stat().st_mode & 0o077 == 0  # other users cannot reach the socket
+
+    staging_channel.serve(lambda method, payload: {"method": method})
+    stray = zmq.Context.instance().socket(zmq.DEALER)
+    stray.connect(address)
+    stray.send_multipart([b"only one frame besides the identity", b"x", b"y"])  # four frames at the ROUTER
+    stray.close(linger=1000)
+    assert asyncio.run(staging_channel.call("still_answering")) == {"method": "still_answering"}
 
 
 def test_poll_stops_at_the_deadline(address: str) -> None:

@@ -13,20 +13,23 @@ call, ~7 calls a publication, while the stock load and the probe take two). Stag
 the model nor the scheduler's state, only its own buffers and groups, so it needs no place in that
 loop. Only the load of a verified candidate goes through the scheduler (SGLang's own load path).
 
-The address is chosen by the server process before it spawns the scheduler (an abstract Unix socket
-named in the environment the child inherits), so each engine incarnation has its own channel.
+The address is chosen by the server process before it spawns the scheduler (a Unix socket in a
+private directory, named in the environment the child inherits), so each engine incarnation has its
+own channel.
 """
 
 from __future__ import annotations
 
 import asyncio
+import atexit
 import itertools
 import json
 import logging
 import os
+import shutil
+import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -44,8 +47,13 @@ class SchedulerCallFailed(Exception):
 
 
 def choose_address() -> str:
-    """Server process, before launch: name this engine's channel for the scheduler it will spawn."""
-    address = f"ipc://@versioned-lora-staging-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    """Server process, before launch: name this engine's channel for the scheduler it will spawn.
+
+    A socket file in a fresh directory only this user can enter: the channel carries no token, so
+    filesystem permissions are what keep other users' processes off it (an abstract socket has none)."""
+    directory = tempfile.mkdtemp(prefix="versioned-lora-staging-")  # mode 0700
+    atexit.register(shutil.rmtree, directory, ignore_errors=True)
+    address = f"ipc://{directory}/channel.sock"
     os.environ[ADDRESS_ENV] = address
     return address
 
@@ -84,7 +92,11 @@ def serve(dispatch: Dispatch, on_thread_start: Callable[[], None] = lambda: None
             return
         bound.set()
         while True:
-            identity, call_id, raw = socket.recv_multipart()
+            frames = socket.recv_multipart()
+            if len(frames) != 3:  # not our client's [call id, request]: no caller to answer
+                logger.warning("versioned-lora staging channel: dropped a message of %d frames", len(frames))
+                continue
+            identity, call_id, raw = frames
             socket.send_multipart([identity, call_id, _answer(dispatch, raw)])
 
     thread = threading.Thread(target=run, name="vlora-staging-channel", daemon=True)
