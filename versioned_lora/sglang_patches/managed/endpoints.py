@@ -69,10 +69,9 @@ class ManagedAPI:
             )
         timeout_s = float(_field(body, "timeout_s", int | float))
         await staging_channel.call("init_group", name=name,
-                                    master_address=_field(body, "master_address", str),
-                                    master_port=_field(body, "master_port", int), timeout_s=timeout_s)
-        answer = await staging_channel.poll("poll_group", lambda a: a["state"] != "JOINING",
-                                             timeout_s, name=name)
+                                   master_address=_field(body, "master_address", str),
+                                   master_port=_field(body, "master_port", int), timeout_s=timeout_s)
+        answer = await staging_channel.poll("poll_group", lambda a: a["state"] != "JOINING", timeout_s, name=name)
         if answer is None or answer["state"] != "READY":
             raise BadRequest("GROUP_FAILED", f"transfer group {name!r} did not form: {answer}", status=502)
         return {"group": name, "state": "READY"}
