@@ -31,6 +31,10 @@ from engine_helpers import (
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 
 LONG_TOKENS = 800
+# r2 must outlive r1's ending. A client disconnect is noticed by SGLang only on its next check of the
+# connection (TokenizerManager._wait_one_response), seconds later; on a quiet box 800 tokens can be done
+# by then. The fixture's context is 2048 positions.
+OUTLIVING_TOKENS = 2000
 
 
 @asynccontextmanager
@@ -109,7 +113,7 @@ R1_ENDINGS = {
 def test_native_refcount_r1_ends_r2_keeps_exactly_one_reference(engines, fixtures, ending: str) -> None:
     async def body() -> None:
         async with client_for(engines.e0) as client, managed_version(client, fixtures.adapters["A"]) as a:
-            r2 = asyncio.create_task(client.generate(PROMPT, a.name, LONG_TOKENS, ignore_eos=True))
+            r2 = asyncio.create_task(client.generate(PROMPT, a.name, OUTLIVING_TOKENS, ignore_eos=True))
             await wait_until(lambda: _count_is(client, a.name, 1))
             await R1_ENDINGS[ending](client, a.name)
             # r1 released exactly once: back to r2's single reference, native and mirrored alike.
@@ -118,7 +122,7 @@ def test_native_refcount_r1_ends_r2_keeps_exactly_one_reference(engines, fixture
             assert await _both_counts(client, a.name) == (1, 1)
             assert not r2.done()
             r2_done = await r2
-            assert len(r2_done.output_ids) == LONG_TOKENS
+            assert len(r2_done.output_ids) == OUTLIVING_TOKENS
             await wait_until(lambda: _count_is(client, a.name, 0))
 
     run(body())
