@@ -29,6 +29,8 @@ def _engine(args: argparse.Namespace) -> int:
             log_path=Path(args.log) if args.log else None,
         )
     )
+    # SIGTERM while starting: leave through an exception, so `start` stops the half-started server.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     engine.start()
     print(f"engine ready at {engine.url} (pid {engine.pid}); Ctrl-C stops it", flush=True)
     stop = False

@@ -114,7 +114,13 @@ class EngineProcess:
             env=env,
             start_new_session=True,
         )
-        self._wait_healthy(timeout_s, log_path)
+        try:
+            self._wait_healthy(timeout_s, log_path)
+        except BaseException:
+            # Our own session (start_new_session) means no signal to us reaches the server: a caller
+            # interrupted while waiting (Ctrl-C, SIGTERM, a failed sibling) must not leave it running.
+            self.stop()
+            raise
 
     def _wait_healthy(self, timeout_s: float, log_path: Path) -> None:
         assert self._proc is not None
