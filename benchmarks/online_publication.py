@@ -21,7 +21,8 @@ engine-wide audit counters (pause/flush/abort_all). Ratios are publication windo
 pair; medians over pairs with 95% bootstrap intervals (resampling pairs).
 
 The publication floor is measured in the same run, under managed traffic, between windows: a raw gloo
-transfer of the same buckets + one stock native load + the probe (see `versioned_lora.demo.floor`).
+transfer of the same buckets + one stock native load from the same tensors + the probe (see
+`versioned_lora.demo.floor`).
 
 Not a test: nothing is asserted. Last line:
     tput_ratio=… p95_ratio=… gap_ratio=… failed=… aborted=… pauses=… publish_s=… floor_ratio=…
@@ -46,6 +47,7 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.report import jsonable
@@ -231,10 +233,16 @@ class Bench:
         driver = AgenticDriver(binder, tool=tool_with_latency(self.shape.tool_latency_s))
         return ClosedLoopTraffic(driver, self.shape, name=f"{mode[0]}{len(self.windows)}-", seed=len(self.windows))
 
-    async def publish_managed(self) -> dict[str, Any]:
+    def next_candidate(self) -> tuple[VersionKey, Candidate]:
+        """The next version, frozen with its probe reference the way a trainer prepares one before publishing
+        it: before the window opens, so that CPU work (a snapshot hash and a PEFT forward on this process's
+        event loop, where the progress monitor also reads its chunks) is not measured as an engine stall."""
         self.serial += 1
-        label = f"v{self.serial}"
-        version, candidate = self.stack.candidate(label, adapter="AB"[self.serial % 2])
+        return self.stack.candidate(f"v{self.serial}", adapter="AB"[self.serial % 2])
+
+    async def publish_managed(self, prepared: tuple[VersionKey, Candidate]) -> dict[str, Any]:
+        version, candidate = prepared
+        label = version.version_id
         started = time.monotonic()
         outcome = await self.stack.publisher.publish(version, candidate)
         seconds = time.monotonic() - started
@@ -274,12 +282,13 @@ class Bench:
 
     async def measure_floor(self, raw: RawTransferFloor) -> None:
         transfer = await raw.measure()
-        load, probe = await native_load_and_probe(list(self.stack.clients.values()),
-                                                  self.stack.fixtures.adapters["A"], PROBE_PROMPT)
+        load, probe = await native_load_and_probe(list(self.stack.clients.values()), raw.candidate.snapshot,
+                                                  PROBE_PROMPT)
         self.floors.append({"raw_transfer_s": transfer, "native_load_s": load, "probe_s": probe,
                             "floor_s": transfer + load + probe})
 
     async def window(self, mode: str, kind: str, pair: int) -> Window:
+        prepared = self.next_candidate() if (mode, kind) == ("managed", "publication") else None
         start = time.monotonic()
         audit = await self.audit_total()
         window = Window(mode, kind, pair, start, start + self.args.window)
@@ -291,7 +300,7 @@ class Bench:
             window = Window(mode, kind, pair, start, start + self.args.window)
         if kind == "publication":
             await asyncio.sleep(self.args.offset)
-            publication = await (self.publish_managed() if mode == "managed" else self.publish_baseline())
+            publication = await (self.publish_managed(prepared) if prepared is not None else self.publish_baseline())
             publication["start"] -= self.t0
             publication["pair"] = pair
             self.publications.append(publication)
@@ -309,7 +318,7 @@ class Bench:
         self.t0 = time.monotonic()
         self._pending_reclaim = None
         await stack.publisher.sync_incarnations()
-        first = await self.publish_managed()  # bootstrap: the managed mode's first default
+        first = await self.publish_managed(self.next_candidate())  # bootstrap: the managed mode's first default
         self.publications.append({**first, "start": first["start"] - self.t0, "pair": -1, "bootstrap": True})
         for client in stack.clients.values():  # the baseline's fixed name, loaded once up front
             if await client.adapter(FIXED_NAME) is not None:  # left by an interrupted run

@@ -4,6 +4,7 @@ with a real probe; cleanup races; tampering; a stalled sender; rehydrate after a
 from __future__ import annotations
 
 import asyncio
+import base64
 import itertools
 import shutil
 import uuid
@@ -19,6 +20,7 @@ from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
+from versioned_lora.sglang_patches.managed.scheduler_side import STASH_LOAD_FORMAT
 from versioned_lora.spec.identities import VersionKey, lora_name
 
 SMALL_BUCKETS = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets
@@ -86,6 +88,11 @@ def test_happy_path_over_buckets_probe_matches_a_peft_forward(engines, fixtures,
             assert expected.matches(probe["token_id"], probe["logprob"]), (probe, expected, PROBE_EPSILON)
             served = await client.generate(PROMPT, candidate.lora_name, 1)
             assert served.logprobs[0] == pytest.approx(probe["logprob"], abs=1e-6)
+            # Loaded from the verified stash's own tensors (SGLang names such a load's path "__tensor__"),
+            # not from a file; the stash itself is gone once loaded.
+            models = (await client._http.get("/v1/models")).json()["data"]
+            assert {m["id"]: m["root"] for m in models}[candidate.lora_name] == "__tensor__"
+            assert attempt not in (await client.status())["staging"]["stashes"]
             await _reclaim(link, candidate.lora_name)
 
     run(body())
@@ -242,6 +249,12 @@ def test_bad_control_input_is_a_typed_error_that_changes_nothing(engines, fixtur
             assert unknown.value.reason == "STALE_ATTEMPT"
             oversized = await client._http.post("/versioned_lora/begin", content=b"{" + b" " * 70_000 + b"}")
             assert oversized.status_code == 413
+            # A stock load-from-tensors that names a stash (the managed load's format) under an ordinary name:
+            # no stash of that attempt was verified, so the scheduler loads nothing.
+            forged = await client._http.post("/load_lora_adapter_from_tensors", json={
+                "lora_name": "forged-stash-load", "config_dict": {}, "load_format": STASH_LOAD_FORMAT,
+                "serialized_named_tensors": [base64.b64encode(attempt.encode()).decode()]})
+            assert forged.status_code == 400 and "STASH_NOT_VERIFIED" in forged.text, forged.text
 
             after = await client.status()
             assert await managed_view(client, candidate.lora_name) is None

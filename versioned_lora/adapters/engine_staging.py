@@ -51,12 +51,25 @@ class EngineStaging:
             return self._link
 
     async def begin(self, candidate: Candidate, attempt_token: str) -> None:
-        link = await self.link()
-        await self._call(link.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
+        """`begin` over the link in hand, without asking the engine for its incarnation first (a status
+        round trip that cost a loaded engine as much as a bucket). The begin carries the link's
+        incarnation; an engine that restarted since refuses it (STALE_INCARNATION, nothing changed) or is
+        gone (unreachable): then the link is rebuilt for the current incarnation and `begin` sent once more
+        (a replayed begin is answered by the table). Any other outcome is the attempt's."""
+        link = self._link or await self.link()
+        try:
+            await self._call(link.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
+            return
+        except (EngineRefused, EngineUnreachable) as failure:
+            if isinstance(failure, EngineRefused) and failure.reason != "STALE_INCARNATION":
+                raise
+            fresh = await self.link()
+            if fresh is link:  # same incarnation: not a restart, so the failure is the attempt's
+                raise
+        await self._call(fresh.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
 
     async def _attempt_link(self) -> EngineLink:
-        """The link the attempt's `begin` used, without asking the engine for its incarnation again (a
-        status round trip per bucket and at `end` cost a publication under load as much as its bytes). A
+        """The link the attempt's `begin` used, without asking the engine for its incarnation again. A
         restart since `begin` still fails the attempt: the calls carry the old incarnation, which the new
         process refuses (or the old one is gone)."""
         return self._link if self._link is not None else await self.link()

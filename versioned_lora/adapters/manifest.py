@@ -285,6 +285,14 @@ class Manifest:
         config: dict[str, Any] = json.loads(self.serving_config_json)
         return config
 
+    def adapter_config(self) -> dict[str, Any]:
+        """adapter_config.json contents (what SGLang's `LoRAConfig` reads): the serving config in PEFT's
+        field names; PEFT fills the rest."""
+        config = self.serving_config
+        config["base_model_name_or_path"] = config.pop("base_model", None)
+        config["inference_mode"] = True
+        return config
+
     @property
     def names(self) -> tuple[str, ...]:
         return tuple(t.name for t in self.tensors)

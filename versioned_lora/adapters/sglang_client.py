@@ -8,7 +8,8 @@ raised as :class:`UnknownOutcome`, never folded into a failure.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import base64
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -130,6 +131,21 @@ class SGLangClient:
 
     async def load_lora_adapter(self, name: str, path: str, pinned: bool = False) -> dict[str, Any]:
         response = await self._post("/load_lora_adapter", {"lora_name": name, "lora_path": path, "pinned": pinned})
+        return _json_or_raise(response)
+
+    async def load_lora_adapter_from_tensors(
+        self, name: str, tensors: Mapping[str, Any], adapter_config: Mapping[str, Any], pinned: bool = False
+    ) -> dict[str, Any]:
+        """SGLang's stock /load_lora_adapter_from_tensors. The tensors travel by value: plain pickle writes
+        each storage's bytes (``torch.storage._load_from_bytes``, which SGLang's SafeUnpickler maps to a
+        weights-only torch.load), where its own MultiprocessingSerializer would share memory handles."""
+        import pickle
+
+        blob = base64.b64encode(pickle.dumps({k: t.contiguous() for k, t in tensors.items()})).decode()
+        response = await self._post("/load_lora_adapter_from_tensors", {
+            "lora_name": name, "config_dict": dict(adapter_config), "serialized_named_tensors": [blob],
+            "pinned": pinned,
+        })
         return _json_or_raise(response)
 
     async def unload_lora_adapter(self, name: str, timeout_s: float | None = None) -> dict[str, Any]:

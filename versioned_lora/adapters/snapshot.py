@@ -114,11 +114,7 @@ class Snapshot:
 
     def adapter_config(self) -> dict[str, Any]:
         """adapter_config.json contents: the serving config in PEFT's field names; PEFT fills the rest."""
-        config = self.serving_config
-        base_model = config.pop("base_model", None)
-        config["base_model_name_or_path"] = base_model
-        config["inference_mode"] = True
-        return config
+        return self.manifest.adapter_config()
 
     def save_adapter_dir(self, path: str | os.PathLike[str]) -> Path:
         """Write a PEFT-loadable directory (SGLang loads it by path). Never overwrites a non-empty directory.

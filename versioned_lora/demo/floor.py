@@ -4,8 +4,9 @@ costs at the very least on these engines, measured in the same run and under the
 - a raw gloo transfer of the candidate's exact buckets (`raw_broadcast`, nothing else: no HTTP, no
   scheduler IPC, no stash, no verification) from this process to one receiver process per engine,
   both groups at once as the Publisher sends to both engines;
-- one native load on both engines at once (stock `/load_lora_adapter` of the same adapter, a fresh name,
-  through SGLang's tokenizer manager and scheduler like the managed load);
+- one native load from tensors on both engines at once (stock `/load_lora_adapter_from_tensors` of the
+  candidate's own tensors under a fresh name, through SGLang's tokenizer manager and scheduler like the
+  managed load, which also loads from tensors: those of its verified stash);
 - the probe: one 1-token generation of the probe prompt on the fresh name, on both engines at once.
 
 The engines' schedulers have no raw receive entry point (only the managed, verified one), so the raw
@@ -19,11 +20,11 @@ import datetime
 import multiprocessing
 import time
 import uuid
-from pathlib import Path
 from typing import Any
 
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.adapters.transfer import (
     allocate_buckets,
     free_port,
@@ -86,13 +87,15 @@ class RawTransferFloor:
             destroy_transfer_group(group)
 
 
-async def native_load_and_probe(clients: list[SGLangClient], adapter_dir: Path, probe: list[int]
+async def native_load_and_probe(clients: list[SGLangClient], snapshot: Snapshot, probe: list[int]
                                 ) -> tuple[float, float]:
-    """Stock load of `adapter_dir` under a fresh name on every engine at once, then the probe; the name is
-    unloaded afterwards (not timed). Returns (load seconds, probe seconds)."""
+    """Stock load of `snapshot`'s tensors under a fresh name on every engine at once, then the probe; the
+    name is unloaded afterwards (not timed). Returns (load seconds, probe seconds)."""
     name = f"floor-{uuid.uuid4().hex[:8]}"
+    config = snapshot.adapter_config()
     started = time.monotonic()
-    results = await asyncio.gather(*(c.load_lora_adapter(name, str(adapter_dir)) for c in clients))
+    results = await asyncio.gather(*(c.load_lora_adapter_from_tensors(name, snapshot.tensors, config)
+                                     for c in clients))
     loaded = time.monotonic()
     if not all(r.get("success") for r in results):
         raise RuntimeError(f"floor load failed: {results}")

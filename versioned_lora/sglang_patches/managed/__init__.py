@@ -17,12 +17,13 @@ from typing import Any
 from versioned_lora.sglang_patches import introspection
 from versioned_lora.sglang_patches.managed import audit, endpoints, guards, scheduler_side, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import ManagedEngine
+from versioned_lora.sglang_patches.managed.staging import StockLoads
 from versioned_lora.sglang_patches.mechanism import replace_attribute
 
 PATCH_SET = "managed"
 
 _engine: ManagedEngine | None = None
-_stock_load: Any = None
+_stock_loads: dict[str, Any] = {}  # TokenizerManager's load methods before the guards wrap them
 
 
 def current_engine() -> ManagedEngine:
@@ -32,8 +33,10 @@ def current_engine() -> ManagedEngine:
     if _engine is None:
         from sglang.srt.entrypoints import http_server
 
-        _engine = ManagedEngine(http_server.get_global_state().tokenizer_manager, introspection.INCARNATION,
-                                stock_load=_stock_load)
+        tm = http_server.get_global_state().tokenizer_manager
+        stock = StockLoads(from_path=functools.partial(_stock_loads["load_lora_adapter"], tm),
+                           from_tensors=functools.partial(_stock_loads["load_lora_adapter_from_tensors"], tm))
+        _engine = ManagedEngine(tm, introspection.INCARNATION, stock)
     return _engine
 
 
@@ -45,7 +48,6 @@ class _LazyEngine:
 
 
 def apply(role: str) -> None:
-    global _stock_load
     if role == "scheduler":
         scheduler_side.install()
         return
@@ -55,8 +57,8 @@ def apply(role: str) -> None:
     from sglang.srt.lora.lora_registry import LoRARegistry
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    if _stock_load is None:
-        _stock_load = TokenizerManager.load_lora_adapter
+    for method in ("load_lora_adapter", "load_lora_adapter_from_tensors"):
+        _stock_loads.setdefault(method, getattr(TokenizerManager, method))
     staging_channel.choose_address()  # inherited by the scheduler process launch_server spawns
     audit.install()
     guards.install(may_serve=lambda name: current_engine().unavailable_state(name))

@@ -32,7 +32,7 @@ from versioned_lora.lifecycle.effects import (
 )
 from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.sglang_patches.managed import audit
-from versioned_lora.sglang_patches.managed.staging import StagingSource
+from versioned_lora.sglang_patches.managed.staging import StagingSource, StockLoads
 from versioned_lora.spec.events import (
     AcquireRequest,
     BeginStaging,
@@ -78,11 +78,11 @@ class LoadedInstance:
 
 
 class ManagedEngine:
-    def __init__(self, tokenizer_manager: Any, incarnation: int, stock_load: Any) -> None:
+    def __init__(self, tokenizer_manager: Any, incarnation: int, stock_loads: StockLoads) -> None:
         self.tm = tokenizer_manager
         self.incarnation = incarnation
         self.state = initial_engine_state(SELF, incarnation)
-        self._stock_load = stock_load  # TokenizerManager.load_lora_adapter before our guard
+        self._stock_loads = stock_loads  # SGLang's loads as they were before our guards
         self.loaded: dict[str, LoadedInstance] = {}
         self.names_by_lora_id: dict[str, str] = {}
         self.sources: dict[tuple[str, str], StagingSource] = {}
@@ -209,13 +209,9 @@ class ManagedEngine:
                 raise AssertionError(f"effect {effect!r} has no executor here")
 
     async def _load_pinned(self, name: str, attempt_token: str) -> None:
-        from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput
-
-        source = self.sources[(name, attempt_token)]
-        path = await source.materialise()
-        # TokenizerControlMixin.load_lora_adapter (the stock one, not our guard): a fresh LoRARef,
-        # so a new lora_id and a cold KV namespace; pinned, so LRU eviction never picks it.
-        output = await self._stock_load(self.tm, LoadLoRAAdapterReqInput(lora_name=name, lora_path=path, pinned=True))
+        # SGLang's stock load (not our guard): a fresh LoRARef, so a new lora_id and a cold KV namespace;
+        # pinned, so LRU eviction never picks it.
+        output = await self.sources[(name, attempt_token)].load(self._stock_loads)
         if not output.success:
             raise EngineOperationError("LOAD_FAILED", output.error_message or "load failed")
         lora_id = self.tm.lora_registry._registry[name].lora_id

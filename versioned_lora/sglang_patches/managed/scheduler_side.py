@@ -1,7 +1,10 @@
 """The scheduler-process half of staging: transfer groups and per-attempt stashes.
 
 The server calls the `StashStore` through the staging channel, served by a thread of its own
-(`staging_channel`), never by the scheduler's event loop. Nothing here blocks on a peer: joining a
+(`staging_channel`), never by the scheduler's event loop. A verified stash is loaded from its own
+tensors: the managed load is SGLang's load-from-tensors request naming the stash instead of carrying
+serialized tensors (`install`), so what was verified is exactly what the LoRA manager takes, with no
+copy to disk and back. Nothing here blocks on a peer: joining a
 group runs in a thread, and a bucket receive is an async collective
 (``transfer.start_receive_bucket``) polled by the server. While a publisher is slow or dead, the
 scheduler keeps scheduling and decoding; the server enforces the per-bucket deadline and, on a miss,
@@ -13,10 +16,7 @@ from __future__ import annotations
 
 import datetime
 import logging
-import shutil
-import tempfile
 import threading
-from pathlib import Path
 from typing import Any
 
 import attrs
@@ -36,6 +36,13 @@ from versioned_lora.sglang_patches.mechanism import replace_attribute
 logger = logging.getLogger(__name__)
 
 PATCH_SET = "managed"
+# `LoadLoRAAdapterFromTensorsReqInput.load_format` of a managed load: its one "serialized tensors" entry
+# is the attempt token of a verified stash in this process (see `install`).
+STASH_LOAD_FORMAT = "versioned_lora_stash"
+
+
+class StashNotVerified(Exception):
+    """A load named a stash that is absent or did not pass verification: nothing is loaded."""
 
 
 @attrs.define
@@ -54,7 +61,6 @@ class Stash:
     buffers: dict[int, Any] = attrs.field(factory=dict)  # bucket index -> its received bytes
     pending: dict[int, PendingBucket] = attrs.field(factory=dict)
     received: set[int] = attrs.field(factory=set)
-    directory: Path | None = None
     verifier: threading.Thread | None = None
     verdict: dict[str, Any] | None = None
 
@@ -159,6 +165,10 @@ class StashStore:
         stash.pending.pop(index, None)
         stash.buffers[index] = flat
         stash.received.add(index)
+        if len(stash.received) == len(stash.plan.buckets):
+            # The last bucket is in: verify now, while the publisher's `end` is still on its way (the
+            # digest checked is the manifest's, which `begin` matched against the declared one).
+            self.start_verify(attempt, stash.manifest.digest)
         return {"state": "STASHED"}
 
     def start_verify(self, attempt: str, digest: str) -> dict[str, Any]:
@@ -166,7 +176,7 @@ class StashStore:
         stash = self.stashes[attempt]
         if stash.verdict is None and stash.verifier is None:
             stash.verifier = threading.Thread(
-                target=lambda: setattr(stash, "verdict", self._verify_and_write(stash, digest)),
+                target=lambda: setattr(stash, "verdict", self._verify(stash, digest)),
                 name=f"vlora-verify-{attempt}", daemon=True,
             )
             stash.verifier.start()
@@ -176,32 +186,29 @@ class StashStore:
         stash = self.stashes[attempt]
         return {"state": "PENDING"} if stash.verdict is None else {"state": "DONE", **stash.verdict}
 
-    def _verify_and_write(self, stash: Stash, digest: str) -> dict[str, Any]:
-        """Check the stash against the manifest, write it as a PEFT directory, and check the
-        directory as it will be loaded (the bytes SGLang reads) against the digest again."""
-        from versioned_lora.adapters.snapshot import SnapshotError, snapshot_from_adapter_dir, snapshot_from_tensors
-
+    def _verify(self, stash: Stash, digest: str) -> dict[str, Any]:
+        """Check the received tensors, as they will be loaded, against the manifest fixed at begin: names,
+        shapes, dtypes, per-tensor SHA-256, and that the manifest is the version reserved (`digest`)."""
         try:
-            tensors = stash.tensors
-            verify_tensors(stash.manifest, tensors, expected_digest=digest)
-            snapshot = snapshot_from_tensors(tensors, stash.manifest.serving_config)
-            directory = Path(tempfile.mkdtemp(prefix="versioned-lora-stash-", dir=_stash_root()))
-            shutil.rmtree(directory)
-            snapshot.save_adapter_dir(directory)
-            stash.directory = directory
-            as_loaded = snapshot_from_adapter_dir(directory)
-            verify_tensors(stash.manifest, as_loaded.tensors, expected_digest=digest)
-            if as_loaded.digest != digest:
-                return {"ok": False, "detail": f"written adapter digest {as_loaded.digest} != {digest}"}
-        except (ManifestError, SnapshotError, ValueError, OSError) as exc:
-            return {"ok": False, "detail": str(exc)}
-        return {"ok": True, "path": str(directory)}
+            verify_tensors(stash.manifest, stash.tensors, expected_digest=digest)
+        except Exception as exc:  # whatever stops the check rejects the candidate (a verdict, never a hang)
+            detail = str(exc) if isinstance(exc, ManifestError) else f"{type(exc).__name__}: {exc}"
+            return {"ok": False, "detail": detail}
+        return {"ok": True}
+
+    def verified(self, attempt: str) -> tuple[dict[str, Any], dict[str, Any]]:
+        """The tensors and PEFT config of a stash that passed verification, for SGLang's LoRA manager.
+
+        The tensors are views into the received buffers, which nothing writes once a bucket is stashed
+        (a duplicate receive is refused); the LoRA manager keeps them after `free` drops the stash."""
+        stash = self.stashes.get(attempt)
+        if stash is None or stash.verdict is None or not stash.verdict["ok"]:
+            state = "absent" if stash is None else "not verified" if stash.verdict is None else "rejected"
+            raise StashNotVerified(f"stash of attempt {attempt!r} is {state}")
+        return stash.tensors, stash.manifest.adapter_config()
 
     def free(self, attempt: str) -> dict[str, Any]:
-        stash = self.stashes.pop(attempt, None)
-        if stash is not None and stash.directory is not None:
-            shutil.rmtree(stash.directory, ignore_errors=True)
-        return {"freed": stash is not None}
+        return {"freed": self.stashes.pop(attempt, None) is not None}
 
     def status(self) -> dict[str, Any]:
         return {
@@ -214,11 +221,6 @@ class StashStore:
                 for attempt, s in self.stashes.items()
             },
         }
-
-
-def _stash_root() -> str | None:
-    shm = Path("/dev/shm")
-    return str(shm) if shm.is_dir() else None
 
 
 _store: StashStore | None = None
@@ -248,6 +250,27 @@ def install() -> None:
 
     replace_attribute(PATCH_SET, Scheduler, "init_request_dispatcher", init_request_dispatcher,
                       why="start the versioned-lora staging channel in the scheduler process")
+
+    from sglang.srt.managers.tp_worker import TpModelWorker
+
+    stock_from_tensors = TpModelWorker.load_lora_adapter_from_tensors
+
+    def load_lora_adapter_from_tensors(self: Any, recv_req: Any) -> Any:
+        # TpModelWorker.load_lora_adapter_from_tensors deserializes the request's tensors and hands them
+        # to ModelRunner.load_lora_adapter_from_tensors. A managed load names a verified stash of this
+        # process instead; its tensors and config go to the same ModelRunner call. Anything else is stock.
+        if recv_req.load_format != STASH_LOAD_FORMAT:
+            return stock_from_tensors(self, recv_req)
+        from sglang.srt.managers.io_struct import LoRAUpdateOutput
+
+        try:
+            tensors, config = store().verified(bytes(recv_req.serialized_named_tensors[0]).decode())
+        except (StashNotVerified, IndexError, UnicodeDecodeError) as exc:
+            return LoRAUpdateOutput(success=False, error_message=f"STASH_NOT_VERIFIED: {exc}")
+        return self.model_runner.load_lora_adapter_from_tensors(recv_req.to_ref(), tensors, config, None)
+
+    replace_attribute(PATCH_SET, TpModelWorker, "load_lora_adapter_from_tensors", load_lora_adapter_from_tensors,
+                      why="load a managed candidate from its verified stash, not from serialized tensors")
 
 
 def _serve_channel() -> None:

@@ -1,12 +1,14 @@
 """Where a candidate's weights come from while it is staged on this engine.
 
 The engine-side machine is the same for every source (begin → buckets → end → load pinned, or
-cleanup); a source only knows how to receive, verify, materialise and free its weights:
+cleanup); a source only knows how to receive, verify, load (through SGLang's own load) and free its
+weights:
 
 - `DiskSource`: a PEFT adapter directory already on this host (bootstrap from a checkpoint, and
   the tests of the protection rules). No buckets.
 - `DistributedSource`: buckets over this engine's two-rank torch.distributed group into a
-  per-attempt stash in the scheduler process (`scheduler_side.StashStore`).
+  per-attempt stash in the scheduler process (`scheduler_side.StashStore`), loaded from there: the
+  load request names the verified stash (`scheduler_side.STASH_LOAD_FORMAT`).
 
 Both verify the weights *as they will be loaded* against the manifest fixed at begin (names,
 shapes, dtypes, per-tensor SHA-256, digest) before anything is loaded.
@@ -15,21 +17,33 @@ shapes, dtypes, per-tensor SHA-256, digest) before anything is loaded.
 from __future__ import annotations
 
 import asyncio
+import base64
 import shutil
 import tempfile
+from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
 from versioned_lora.adapters.manifest import Manifest, ManifestError
 from versioned_lora.sglang_patches.managed import staging_channel
+from versioned_lora.sglang_patches.managed.scheduler_side import STASH_LOAD_FORMAT
 
 
 @attrs.frozen
 class Verdict:
     ok: bool
     detail: str = ""
+
+
+@attrs.frozen
+class StockLoads:
+    """SGLang's own load entry points (TokenizerControlMixin.load_lora_adapter and
+    .load_lora_adapter_from_tensors, as they were before the guards), bound to the tokenizer manager."""
+
+    from_path: Callable[[Any], Awaitable[Any]]
+    from_tensors: Callable[[Any], Awaitable[Any]]
 
 
 class StagingSource(Protocol):
@@ -46,7 +60,9 @@ class StagingSource(Protocol):
 
     async def verify(self) -> Verdict: ...
 
-    async def materialise(self) -> str: ...
+    async def load(self, stock: StockLoads) -> Any:
+        """Load exactly what `verify` accepted, pinned, under `lora_name`; SGLang's LoRAUpdateOutput."""
+        ...
 
     async def free(self) -> None: ...
 
@@ -91,9 +107,12 @@ class DiskSource:
             return Verdict(False, f"serving config differs: digest {snapshot.digest}, expected {self.digest}")
         return Verdict(True)
 
-    async def materialise(self) -> str:
-        assert self.private_copy is not None, "materialise before verify"
-        return str(self.private_copy)
+    async def load(self, stock: StockLoads) -> Any:
+        from sglang.srt.managers.io_struct import LoadLoRAAdapterReqInput
+
+        assert self.private_copy is not None, "load before verify"
+        return await stock.from_path(LoadLoRAAdapterReqInput(lora_name=self.lora_name,
+                                                             lora_path=str(self.private_copy), pinned=True))
 
     async def free(self) -> None:
         if self.private_copy is not None:
@@ -120,7 +139,6 @@ class DistributedSource:
     group_name: str
     bucket_deadline_s: float
     verify_deadline_s: float = 600.0
-    loaded_from: str | None = None
 
     async def allocate(self) -> None:
         await staging_channel.call(
@@ -153,12 +171,19 @@ class DistributedSource:
             return Verdict(False, "verification did not finish in time")
         if not answer["ok"]:
             return Verdict(False, answer["detail"])
-        self.loaded_from = answer["path"]
         return Verdict(True)
 
-    async def materialise(self) -> str:
-        assert self.loaded_from is not None, "materialise before verify"
-        return self.loaded_from
+    async def load(self, stock: StockLoads) -> Any:
+        from sglang.srt.managers.io_struct import LoadLoRAAdapterFromTensorsReqInput
+
+        # The one "serialized tensors" entry names the stash; SGLang's tokenizer manager base64-decodes it
+        # (normalize_serialized_named_tensor_payloads) and the scheduler side reads config and tensors from
+        # the verified stash, not from this request.
+        marker = base64.b64encode(self.attempt_token.encode()).decode()
+        return await stock.from_tensors(LoadLoRAAdapterFromTensorsReqInput(
+            lora_name=self.lora_name, config_dict={}, serialized_named_tensors=[marker], pinned=True,
+            load_format=STASH_LOAD_FORMAT,
+        ))
 
     async def free(self) -> None:
         await staging_channel.call("free", attempt=self.attempt_token)
