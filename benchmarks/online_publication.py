@@ -472,7 +472,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--offset", type=float, default=3.0, help="publication start within its window, seconds")
     parser.add_argument("--warmup", type=float, default=6.0, help="discarded traffic before every pair, seconds")
     parser.add_argument("--concurrency", type=int, default=4, help="closed-loop agentic sessions")
-    parser.add_argument("--floors", type=int, default=3, help="floor measurements (between managed pairs)")
+    parser.add_argument("--floors", type=int, default=5, help="floor measurements (one after each managed pair)")
     parser.add_argument("--bucket-bytes", type=int, default=1 << 20,
                         help="max bucket size (default 1 MiB: the ~28 KB fixture adapter is one bucket)")
     parser.add_argument("--quick", action="store_true", help="window 8 s, offset 2 s, warm-up 4 s")
