@@ -1,12 +1,17 @@
-"""The engine launcher: health means *our* process answers; restart leaves no orphans."""
+"""The engine launcher: health means *our* process answers; restart, and a killed owner, leave no orphans."""
 
 from __future__ import annotations
+
+import subprocess
+import sys
+import time
 
 import httpx
 import psutil
 import pytest
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, EngineStartError
+from versioned_lora.sglang_patches.mechanism import EXIT_WITH_PARENT_ENV
 
 
 def _status(url: str) -> dict:
@@ -33,3 +38,43 @@ def test_start_refuses_a_port_held_by_another_server(engines, fixtures) -> None:
     squatter = EngineProcess(EngineConfig(model_dir=fixtures.model_dir, port=engines.e0.config.port))
     with pytest.raises(EngineStartError, match="already in use"):
         squatter.start(timeout_s=5)
+
+
+def test_engines_are_started_to_exit_with_their_parent(engines) -> None:
+    environ = psutil.Process(engines.e0.pid).environ()
+    assert environ.get(EXIT_WITH_PARENT_ENV) == "1"
+
+
+# A stand-in for the engine's server: leads its own process group (as EngineProcess starts it), arms the watch,
+# starts a child in its group (as the scheduler is), then waits.
+_SERVER = """
+import os, subprocess, sys, time
+from versioned_lora.sglang_patches.server import exit_with_parent
+exit_with_parent()
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+print(os.getpid(), child.pid, flush=True)
+time.sleep(600)
+"""
+# The engine's owner (a test run, the CLI): starts the server in a session of its own and reports its pids.
+_OWNER = f"""
+import subprocess, sys
+server = subprocess.Popen([sys.executable, "-c", {_SERVER!r}], stdout=subprocess.PIPE, start_new_session=True)
+print(server.stdout.readline().decode().strip(), flush=True)
+server.wait()
+"""
+
+
+def test_a_killed_owner_takes_its_engine_process_group_down() -> None:
+    """SIGKILL of the owner runs none of its cleanup; the server notices it was re-parented and stops its group."""
+    owner = subprocess.Popen([sys.executable, "-c", _OWNER], stdout=subprocess.PIPE)
+    assert owner.stdout is not None
+    server_pid, child_pid = (int(p) for p in owner.stdout.readline().split())
+    assert psutil.pid_exists(server_pid) and psutil.pid_exists(child_pid)
+    owner.kill()
+    owner.wait()
+    deadline = time.monotonic() + 30
+    alive = [server_pid, child_pid]
+    while alive and time.monotonic() < deadline:
+        alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
+        time.sleep(0.2)
+    assert alive == []

@@ -19,7 +19,8 @@ from engine_helpers import PROMPT, Staged, client_for, managed_view, run
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient
-from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
+from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir, snapshot_from_tensors
+from versioned_lora.sglang_patches.managed.endpoints import MAX_BEGIN_BODY, MAX_CONTROL_BODY
 from versioned_lora.sglang_patches.managed.scheduler_side import STASH_LOAD_FORMAT
 from versioned_lora.spec.identities import VersionKey, lora_name
 
@@ -247,8 +248,10 @@ def test_bad_control_input_is_a_typed_error_that_changes_nothing(engines, fixtur
             with pytest.raises(ManagedRefusal) as unknown:  # an attempt this engine never began
                 await link.receive_bucket_again(candidate, "attempt-unknown", 0)
             assert unknown.value.reason == "STALE_ATTEMPT"
-            oversized = await client._http.post("/versioned_lora/begin", content=b"{" + b" " * 70_000 + b"}")
+            oversized = await client._http.post("/versioned_lora/receive_bucket", content=b"{" + b" " * 70_000 + b"}")
             assert oversized.status_code == 413
+            huge_begin = b"{" + b" " * MAX_BEGIN_BODY + b"}"  # begin carries the manifest: a larger bound
+            assert (await client._http.post("/versioned_lora/begin", content=huge_begin)).status_code == 413
             # A stock load-from-tensors that names a stash (the managed load's format) under an ordinary name:
             # no stash of that attempt was verified, so the scheduler loads nothing.
             forged = await client._http.post("/load_lora_adapter_from_tensors", json={
@@ -264,6 +267,30 @@ def test_bad_control_input_is_a_typed_error_that_changes_nothing(engines, fixtur
             assert after["audit"]["managed_begin"] == before["audit"]["managed_begin"] + len(cases)
             assert {k: v for k, v in after["audit"].items() if k != "managed_begin"} == {
                 k: v for k, v in before["audit"].items() if k != "managed_begin"}
+
+    run(body())
+
+
+def test_begin_takes_the_manifest_of_a_full_size_adapter(engines) -> None:
+    """A LoRA on every attention projection of a deep model has thousands of tensors; its manifest (~200
+    bytes a tensor) is far beyond the 64 KiB of the other control calls, and `begin` must still take it."""
+    tensors = {f"base_model.model.model.layers.{layer}.self_attn.{module}.lora_{ab}.weight": torch.zeros(8, 8)
+               for layer in range(300) for module in ("q_proj", "v_proj") for ab in "AB"}
+    config = {"r": 8, "lora_alpha": 16, "target_modules": ["q_proj", "v_proj"], "peft_type": "LORA"}
+    snapshot = snapshot_from_tensors(tensors, config)
+    assert len(snapshot.manifest.to_json()) > 3 * MAX_CONTROL_BODY
+    candidate = Candidate.build(lora_name(VersionKey(1, f"big{uuid.uuid4().hex[:6]}"), snapshot.digest), snapshot,
+                                SMALL_BUCKETS)
+
+    async def body() -> None:
+        async with linked(engines.e0) as (client, link):
+            attempt = _attempt()
+            prepared = await link.begin(candidate, attempt)
+            assert prepared["adapter"]["state"] == "STAGING" and prepared["adapter"]["bucket_count"] == len(
+                candidate.plan.buckets)
+            await link.cleanup(candidate.lora_name, attempt)
+            assert (await managed_view(client, candidate.lora_name))["state"] == "CLEANED"
+            assert attempt not in (await client.status())["staging"]["stashes"]
 
     run(body())
 

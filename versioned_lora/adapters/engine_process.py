@@ -21,7 +21,7 @@ import attrs
 import httpx
 
 from versioned_lora.sglang_patches.introspection import STATUS_PATH
-from versioned_lora.sglang_patches.mechanism import PATCHES_ENV
+from versioned_lora.sglang_patches.mechanism import EXIT_WITH_PARENT_ENV, PATCHES_ENV
 
 # RFC "first supported configuration": two pinned managed adapters plus one free slot; radix cache
 # on (SGLang's default); overlap scheduling, speculative decoding and CUDA graphs off.
@@ -102,7 +102,8 @@ class EngineProcess:
             raise RuntimeError(f"engine on port {self.config.port} is already running (pid {self._proc.pid})")
         if not _port_free(self.config.host, self.config.port):
             raise EngineStartError(f"port {self.config.port} is already in use; is an old engine still running?")
-        env = {**os.environ, **self.config.env, PATCHES_ENV: ",".join(self.config.patches)}
+        env = {**os.environ, **self.config.env, PATCHES_ENV: ",".join(self.config.patches),
+               EXIT_WITH_PARENT_ENV: "1"}  # a killed owner (no cleanup ran) must not leave the engine running
         env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = self.config.log_path or Path(f"/tmp/versioned_lora_engine_{self.config.port}.log")
         log_path.parent.mkdir(parents=True, exist_ok=True)

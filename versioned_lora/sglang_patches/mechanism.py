@@ -22,6 +22,8 @@ SUPPORTED_SGLANG_VERSION = "0.5.23"
 # environment so that the scheduler and detokenizer (spawned, so they inherit os.environ) apply
 # exactly the same set.
 PATCHES_ENV = "VERSIONED_LORA_PATCHES"
+# "1": the engine stops once the process that started it is gone (`server.exit_with_parent`).
+EXIT_WITH_PARENT_ENV = "VERSIONED_LORA_EXIT_WITH_PARENT"
 
 
 class UnsupportedSGLangVersion(RuntimeError):

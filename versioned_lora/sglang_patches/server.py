@@ -6,14 +6,43 @@ Equivalent to ``python -m sglang.launch_server`` except that the patch sets name
 
 from __future__ import annotations
 
+import logging
+import os
+import signal
 import sys
+import threading
+import time
 
 from versioned_lora.sglang_patches.apply import apply_requested_patches
-from versioned_lora.sglang_patches.mechanism import require_supported_sglang
+from versioned_lora.sglang_patches.mechanism import EXIT_WITH_PARENT_ENV, require_supported_sglang
+
+logger = logging.getLogger(__name__)
+
+STOP_GRACE_S = 20.0
+
+
+def exit_with_parent() -> None:
+    """Stop this engine once its parent process is gone: a test run or CLI killed with SIGKILL never runs its
+    own cleanup, and the engine (started in a session of its own) would hold its ports and ~3 GB on. The
+    parent is gone when this process is re-parented (its parent pid changes; a pid, unlike the parent link,
+    can be reused). Stops the whole process group (server, scheduler, detokenizer): SIGTERM, then SIGKILL."""
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(1.0)
+        logger.warning("versioned-lora: the process that started this engine (pid %d) is gone; stopping", parent)
+        os.killpg(os.getpgrp(), signal.SIGTERM)
+        time.sleep(STOP_GRACE_S)
+        os.killpg(os.getpgrp(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="vlora-exit-with-parent", daemon=True).start()
 
 
 def main(argv: list[str] | None = None) -> None:
     require_supported_sglang()
+    if os.environ.get(EXIT_WITH_PARENT_ENV) == "1":
+        exit_with_parent()
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.server_args import prepare_server_args
 

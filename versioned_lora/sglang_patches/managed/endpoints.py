@@ -2,8 +2,9 @@
 
 Every answer carries the engine ``incarnation``. Outcomes of the protocol are 200 with a ``result``;
 expected refusals from the spec table (stale attempt, forged reclaim id, ...) are 409 with
-``{"error": {"reason", "row", "message"}}``; malformed bodies are 400, oversized bodies 413, a bad or
-missing shared-secret token 401 — and none of those change anything.
+``{"error": {"reason", "row", "message"}}``; malformed bodies are 400, oversized bodies 413 (64 KiB; 16 MiB
+for ``begin``, which carries the manifest), a bad or missing shared-secret token 401 — and none of those
+change anything.
 """
 
 from __future__ import annotations
@@ -29,6 +30,9 @@ PREFIX = "/versioned_lora"
 TOKEN_ENV = "VERSIONED_LORA_TOKEN"
 TOKEN_HEADER = "x-versioned-lora-token"
 MAX_CONTROL_BODY = 64 * 1024  # control messages are small; tensors travel over torch.distributed
+# `begin` carries the manifest, about 200 bytes a tensor: a LoRA on every linear module of an 8B model
+# (504 tensors) is ~100 KB, a mixture-of-experts LoRA can be tens of thousands of tensors.
+MAX_BEGIN_BODY = 16 * 1024 * 1024
 MAX_BUCKET_BYTES = 512 * 1024 * 1024  # one bucket is one flat receive buffer in the scheduler
 DEFAULT_BUCKET_DEADLINE_S = 30.0
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
@@ -186,13 +190,21 @@ def install(app: Any, engine: ManagedEngine) -> None:
     def envelope(status: int, **payload: Any) -> Any:
         return ORJSONResponse({"incarnation": engine.incarnation, **payload}, status_code=status)
 
-    def route(handler: Callable[[dict[str, Any]], Any]) -> Callable[[Request], Awaitable[Any]]:
+    def route(
+        handler: Callable[[dict[str, Any]], Any], max_body: int = MAX_CONTROL_BODY
+    ) -> Callable[[Request], Awaitable[Any]]:
+        def too_large(size: int) -> Any:
+            return envelope(413, error={"reason": "BODY_TOO_LARGE", "message": f"{size} bytes > {max_body}"})
+
         async def endpoint(request: Request) -> Any:
             if secret is not None and not hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), secret):
                 return envelope(401, error={"reason": "UNAUTHORIZED", "message": "bad or missing token"})
+            declared = request.headers.get("content-length", "")
+            if declared.isdigit() and int(declared) > max_body:  # refused before reading it
+                return too_large(int(declared))
             raw = await request.body()
-            if len(raw) > MAX_CONTROL_BODY:
-                return envelope(413, error={"reason": "BODY_TOO_LARGE", "message": f"{len(raw)} bytes > 64 KiB"})
+            if len(raw) > max_body:
+                return too_large(len(raw))
             try:
                 import orjson
 
@@ -222,13 +234,13 @@ def install(app: Any, engine: ManagedEngine) -> None:
 
     for path, handler in {
         "init_group": api.init_group,
-        "begin": api.begin,
         "receive_bucket": api.receive_bucket,
         "end": api.end,
         "cleanup": api.cleanup,
         "reclaim": api.reclaim,
     }.items():
         app.add_api_route(f"{PREFIX}/{path}", route(handler), methods=["POST"])
+    app.add_api_route(f"{PREFIX}/begin", route(api.begin, MAX_BEGIN_BODY), methods=["POST"])
 
 
 def _adapter_view(engine: ManagedEngine, body: dict[str, Any]) -> Any:
