@@ -8,6 +8,10 @@ reported as a typed failure, and a call nobody answers failing after the timeout
 from __future__ import annotations
 
 import asyncio
+import os
+import subprocess
+import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
@@ -94,3 +98,18 @@ def test_poll_stops_at_the_deadline(address: str) -> None:
     answer = asyncio.run(staging_channel.poll("poll_receive", lambda a: a["state"] != "PENDING", 0.1, index=0))
     assert answer is None
     assert len(calls) >= 2
+
+
+def test_a_directory_left_by_a_killed_server_is_removed_by_the_next(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A server killed outright never runs its exit handler; its directory names its pid, and the next server
+    to choose an address removes it once that pid is gone. A live server's directory stays."""
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    left = Path(tempfile.mkdtemp(prefix=f"versioned-lora-staging-{dead.pid}-"))
+    (left / "channel.sock").touch()
+    monkeypatch.delenv(staging_channel.ADDRESS_ENV, raising=False)
+    mine = Path(staging_channel.choose_address().removeprefix("ipc://")).parent
+    assert not left.exists()
+    monkeypatch.delenv(staging_channel.ADDRESS_ENV, raising=False)
+    staging_channel.choose_address()
+    assert mine.exists() and mine.name.startswith(f"versioned-lora-staging-{os.getpid()}-")

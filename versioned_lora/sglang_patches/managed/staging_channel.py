@@ -31,6 +31,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 logger = logging.getLogger(__name__)
@@ -50,12 +51,35 @@ def choose_address() -> str:
     """Server process, before launch: name this engine's channel for the scheduler it will spawn.
 
     A socket file in a fresh directory only this user can enter: the channel carries no token, so
-    filesystem permissions are what keep other users' processes off it (an abstract socket has none)."""
-    directory = tempfile.mkdtemp(prefix="versioned-lora-staging-")  # mode 0700
+    filesystem permissions are what keep other users' processes off it (an abstract socket has none).
+    The directory is removed at exit; one left by a server killed outright (its name holds that server's pid)
+    is removed by the next server that finds its pid gone."""
+    _remove_dead_servers_directories()
+    directory = tempfile.mkdtemp(prefix=f"{_DIRECTORY_PREFIX}{os.getpid()}-")  # mode 0700
     atexit.register(shutil.rmtree, directory, ignore_errors=True)
     address = f"ipc://{directory}/channel.sock"
     os.environ[ADDRESS_ENV] = address
     return address
+
+
+_DIRECTORY_PREFIX = "versioned-lora-staging-"
+
+
+def _remove_dead_servers_directories() -> None:
+    for directory in Path(tempfile.gettempdir()).glob(f"{_DIRECTORY_PREFIX}*-*"):
+        pid = directory.name.removeprefix(_DIRECTORY_PREFIX).split("-", 1)[0]
+        if pid.isdigit() and directory.stat().st_uid == os.getuid() and not _alive(int(pid)):
+            shutil.rmtree(directory, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process: alive
+        return True
+    return True
 
 
 def _address() -> str:
