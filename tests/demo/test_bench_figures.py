@@ -39,3 +39,29 @@ def test_one_request_ending_just_outside_moves_the_estimate_by_its_share_only() 
     by_end_time = sum(r.output_tokens for r in [*inside, edge] if r.end < 10.0)
     assert by_end_time == 160  # the edge request drops out wholly
     assert bench.generated_tokens([*inside, edge], 0.0, 10.0) == pytest.approx(160 + 20 * 1.5 / 1.51)
+
+
+def _report(pairs: list[float], publications: list[float], floors: list[float], aborted: int) -> dict:
+    def mode(values: list[float], aborted: int) -> dict:
+        return {"pairs": [{"tput_ratio": v, "rps_ratio": v, "p95_ratio": v, "gap_ratio": v} for v in values],
+                "failed": 0, "aborted": aborted, "unknown": 0, "audit": dict.fromkeys(bench.AUDITED, aborted)}
+
+    return {"modes": {"managed": mode(pairs, 0), "baseline": mode(pairs, aborted)},
+            "publications": [{"mode": "managed", "seconds": 9.0, "bootstrap": True}]
+            + [{"mode": m, "seconds": s} for s in publications for m in ("managed", "baseline")],
+            "floor": {"components": [{"floor_s": f} for f in floors]}}
+
+
+def test_pooled_runs_take_medians_over_every_run_s_samples() -> None:
+    pool_path = Path(__file__).resolve().parents[2] / "benchmarks" / "pool_reports.py"
+    spec = importlib.util.spec_from_file_location("pool_reports", pool_path)
+    assert spec is not None and spec.loader is not None
+    pool_reports = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pool_reports)
+    pooled = pool_reports.pool([_report([0.8, 0.9, 1.0], [0.5, 0.6], [0.3], aborted=2),
+                                _report([1.1, 1.2], [0.7], [0.4, 0.5], aborted=3)])
+    managed = pooled["modes"]["managed"]
+    assert managed["tput_ratio"][0] == 1.0 and managed["pairs"] == 5  # median of the five pairs, not of run medians
+    assert managed["publish_s"][0] == 0.6 and managed["publications"] == 3  # the bootstrap publication is not one
+    assert pooled["floor_s"][0] == 0.4 and pooled["floor_ratio"] == pytest.approx(1.5)
+    assert pooled["modes"]["baseline"]["aborted"] == 5 and managed["aborted"] == 0
