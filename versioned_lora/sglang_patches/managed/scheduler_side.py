@@ -4,8 +4,9 @@ The server calls the `StashStore` through the staging channel, served by a threa
 (`staging_channel`), never by the scheduler's event loop. A verified stash is loaded from its own
 tensors: the managed load is SGLang's load-from-tensors request naming the stash instead of carrying
 serialized tensors (`install`), so what was verified is exactly what the LoRA manager takes, with no
-copy to disk and back. Nothing here blocks on a peer: joining a
-group runs in a thread, and a bucket receive is an async collective
+copy to disk and back.
+
+Nothing here blocks on a peer: joining a group runs in a thread, and a bucket receive is an async collective
 (``transfer.start_receive_bucket``) polled by the server. While a publisher is slow or dead, the
 scheduler keeps scheduling and decoding; the server enforces the per-bucket deadline and, on a miss,
 asks us to drop the group (which releases the pending receive). Stashes hold received bucket
@@ -200,7 +201,9 @@ class StashStore:
         """The tensors and PEFT config of a stash that passed verification, for SGLang's LoRA manager.
 
         The tensors are views into the received buffers, which nothing writes once a bucket is stashed
-        (a duplicate receive is refused); the LoRA manager keeps them after `free` drops the stash."""
+        (a duplicate receive is refused); the LoRA manager keeps them after `free` drops the stash.
+        Called on the scheduler's own thread (the load), beside the channel's: it only reads a stash whose
+        buckets are all in and verified, which no call changes before `free`, and `free` follows the load."""
         stash = self.stashes.get(attempt)
         if stash is None or stash.verdict is None or not stash.verdict["ok"]:
             state = "absent" if stash is None else "not verified" if stash.verdict is None else "rejected"
