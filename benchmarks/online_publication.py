@@ -431,8 +431,17 @@ def _log_window(w: Window) -> None:
           f"aborted {f['aborted']}  cache {f['cached_token_rate_continuing']:.0%}  audit {w.audit}", flush=True)
 
 
-def _fmt(triple: Sequence[float]) -> str:
+def fmt_interval(triple: Sequence[float]) -> str:
+    """A (median, low, high) triple as `median [low, high]`."""
     return f"{triple[0]:.3f} [{triple[1]:.3f}, {triple[2]:.3f}]"
+
+
+def last_line(managed: dict[str, Any], floor_ratio: float) -> str:
+    """The machine-readable summary line (issue 9): managed mode's medians and the floor ratio."""
+    m = managed
+    return (f"tput_ratio={m['tput_ratio'][0]:.3f} p95_ratio={m['p95_ratio'][0]:.3f} gap_ratio={m['gap_ratio'][0]:.3f} "
+            f"failed={m['failed']} aborted={m['aborted']} pauses={m['audit']['pause_generation']} "
+            f"publish_s={m['publish_s'][0]:.3f} floor_ratio={floor_ratio:.3f}")
 
 
 async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fixtures: Any, out: Path) -> int:
@@ -448,19 +457,16 @@ async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fi
     report = bench.report()
     (out / "online_publication.json").write_text(json.dumps(jsonable(report), indent=2))
     for mode, m in report["modes"].items():
-        print(f"{mode:8s} tput_ratio {_fmt(m['tput_ratio'])}  (req/s ratio {_fmt(m['rps_ratio'])})  "
-              f"p95_ratio {_fmt(m['p95_ratio'])}  gap_ratio "
-              f"{_fmt(m['gap_ratio'])}  publish_s {_fmt(m['publish_s'])}  failed {m['failed']} aborted "
-              f"{m['aborted']} unknown {m['unknown']}  audit {m['audit']}  cached-token rate steady "
+        print(f"{mode:8s} tput_ratio {fmt_interval(m['tput_ratio'])}  (req/s ratio {fmt_interval(m['rps_ratio'])})  "
+              f"p95_ratio {fmt_interval(m['p95_ratio'])}  gap_ratio "
+              f"{fmt_interval(m['gap_ratio'])}  publish_s {fmt_interval(m['publish_s'])}  failed {m['failed']} "
+              f"aborted {m['aborted']} unknown {m['unknown']}  audit {m['audit']}  cached-token rate steady "
               f"{m['cache_rate_steady'][0]:.0%} -> publication {m['cache_rate_publication'][0]:.0%}  "
               f"versions held max {m['managed_versions_max']}")
     fl = report["floor"]
-    print(f"floor_s {_fmt(fl['floor_s'])} (raw transfer + native load + probe; components in the JSON)")
+    print(f"floor_s {fmt_interval(fl['floor_s'])} (raw transfer + native load + probe; components in the JSON)")
     print(f"report: {out / 'online_publication.json'}")
-    m = report["modes"]["managed"]
-    print(f"tput_ratio={m['tput_ratio'][0]:.3f} p95_ratio={m['p95_ratio'][0]:.3f} gap_ratio={m['gap_ratio'][0]:.3f} "
-          f"failed={m['failed']} aborted={m['aborted']} pauses={m['audit']['pause_generation']} "
-          f"publish_s={m['publish_s'][0]:.3f} floor_ratio={fl['floor_ratio']:.3f}")
+    print(last_line(report["modes"]["managed"], fl["floor_ratio"]))
     return 0
 
 

@@ -21,7 +21,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from benchmarks.online_publication import AUDITED, bootstrap_median, ratio
+from benchmarks.online_publication import AUDITED, bootstrap_median, fmt_interval, last_line, ratio
 
 RATIOS = ("tput_ratio", "rps_ratio", "p95_ratio", "gap_ratio")
 
@@ -55,19 +55,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("reports", nargs="+", type=Path)
     pooled = pool([load(path) for path in parser.parse_args(argv).reports])
-
-    def fmt(triple: Any) -> str:
-        return f"{triple[0]:.3f} [{triple[1]:.3f}, {triple[2]:.3f}]"
-
     for mode, m in pooled["modes"].items():
         print(f"{mode:8s} {m['pairs']} pairs, {m['publications']} publications: "
-              + "  ".join(f"{name} {fmt(m[name])}" for name in (*RATIOS, "publish_s"))
+              + "  ".join(f"{name} {fmt_interval(m[name])}" for name in (*RATIOS, "publish_s"))
               + f"  failed {m['failed']} aborted {m['aborted']} unknown {m['unknown']}  audit {m['audit']}")
-    print(f"floor_s {fmt(pooled['floor_s'])} over {pooled['floor_samples']} samples of {pooled['runs']} runs")
-    m = pooled["modes"]["managed"]
-    print(f"tput_ratio={m['tput_ratio'][0]:.3f} p95_ratio={m['p95_ratio'][0]:.3f} gap_ratio={m['gap_ratio'][0]:.3f} "
-          f"failed={m['failed']} aborted={m['aborted']} pauses={m['audit']['pause_generation']} "
-          f"publish_s={m['publish_s'][0]:.3f} floor_ratio={pooled['floor_ratio']:.3f}")
+    print(f"floor_s {fmt_interval(pooled['floor_s'])} over {pooled['floor_samples']} samples of {pooled['runs']} runs")
+    print(last_line(pooled["modes"]["managed"], pooled["floor_ratio"]))
     return 0
 
 
