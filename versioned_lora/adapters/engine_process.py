@@ -139,7 +139,6 @@ class EngineProcess:
                 except httpx.HTTPError:
                     pass
                 time.sleep(1.0)
-        self.stop()
         raise EngineStartError(
             f"engine on port {self.config.port} not healthy after {timeout_s:.0f}s; log {log_path}:\n{_tail(log_path)}"
         )

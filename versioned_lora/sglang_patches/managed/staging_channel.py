@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 logger = logging.getLogger(__name__)
 
 ADDRESS_ENV = "VERSIONED_LORA_STAGING_ADDRESS"
@@ -68,18 +70,8 @@ _DIRECTORY_PREFIX = "versioned-lora-staging-"
 def _remove_dead_servers_directories() -> None:
     for directory in Path(tempfile.gettempdir()).glob(f"{_DIRECTORY_PREFIX}*-*"):
         pid = directory.name.removeprefix(_DIRECTORY_PREFIX).split("-", 1)[0]
-        if pid.isdigit() and directory.stat().st_uid == os.getuid() and not _alive(int(pid)):
+        if pid.isdigit() and directory.stat().st_uid == os.getuid() and not psutil.pid_exists(int(pid)):
             shutil.rmtree(directory, ignore_errors=True)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process: alive
-        return True
-    return True
 
 
 def _address() -> str:
