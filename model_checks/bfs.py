@@ -11,22 +11,23 @@ from __future__ import annotations
 import gc
 import time
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
-
-import attrs
 
 from model_checks.system import State, System
 
 NO_PARENT = -1  # hash() of a tuple is never -1
 
 
-@attrs.define
+# dataclasses, not attrs: this module is compiled by mypyc (see model_checks/native.py), which
+# compiles dataclasses natively and does not know attrs' field declarations.
+@dataclass
 class Violation:
     problems: tuple[str, ...]
     trace: list[tuple[tuple[Any, ...] | None, State]]  # (label that led here, state); first label is None
 
 
-@attrs.define
+@dataclass
 class CheckResult:
     generated: int = 0
     distinct: int = 0
@@ -34,28 +35,34 @@ class CheckResult:
     seconds: float = 0.0
     complete: bool = True
     violation: Violation | None = None
-    fingerprints: dict[int, int] = attrs.field(factory=dict, repr=False)
+    fingerprints: dict[int, int] = field(default_factory=dict, repr=False)
 
     @property
     def states_per_s(self) -> float:
         return self.distinct / self.seconds if self.seconds > 0 else 0.0
 
 
-def check(system: System, progress: Callable[[int, int, int], None] | None = None) -> CheckResult:
-    """BFS over every reachable state within the bounds; stops at the first violation."""
+def check(system: System, progress: Callable[[int, int, int], None] | None = None,
+          visit: Callable[[State], None] | None = None) -> CheckResult:
+    """BFS over every reachable state within the bounds; stops at the first violation.
+
+    `progress(depth, distinct, frontier)` is called after each level; `visit(state)` with each
+    distinct (canonical) state as it is checked, before its invariants (tests use it to see every
+    state the search covers)."""
     # The search allocates millions of small tuples that live until the end; CPython's cyclic GC
     # would re-traverse all of them at every generation-2 pass (measured: 2-3x the whole run).
     # States are acyclic tuples of ints, so nothing here needs the cycle collector.
     was_enabled = gc.isenabled()
     gc.disable()
     try:
-        return _search(system, progress)
+        return _search(system, progress, visit)
     finally:
         if was_enabled:
             gc.enable()
 
 
-def _search(system: System, progress: Callable[[int, int, int], None] | None) -> CheckResult:
+def _search(system: System, progress: Callable[[int, int, int], None] | None,
+            visit: Callable[[State], None] | None) -> CheckResult:
     sym = system.bounds.symmetry
     canonical = system.canonical if sym else (lambda s: s)
     max_depth = system.bounds.max_depth
@@ -69,6 +76,8 @@ def _search(system: System, progress: Callable[[int, int, int], None] | None) ->
         if fp not in visited:
             visited[fp] = NO_PARENT
             frontier.append((c, fp))
+            if visit is not None:
+                visit(c)
             problems = system.state_problems(c)
             if problems:
                 result.violation = Violation(problems, [(None, init)])
@@ -110,6 +119,8 @@ def _search(system: System, progress: Callable[[int, int, int], None] | None) ->
                 if fp in visited:
                     continue
                 visited[fp] = parent
+                if visit is not None:
+                    visit(c)
                 problems = state_problems(c)
                 if problems:
                     result.generated = generated

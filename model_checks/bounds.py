@@ -69,3 +69,20 @@ class Bounds:
 # leaves room for mutants whose path to that state is a few steps longer.
 RECLAIM_WHILE_REHYDRATING = Bounds(engines=1, versions=2, sessions=1, drops=0, dups=0, crashes=1, failures=0,
                                    bootstrapped=True, max_depth=28)
+
+# The checker's suite of complete bounds (the mutation script runs every mutant through each, and
+# together they fire every row of the reference table: test_checker.py): the publication/reclaim path
+# with a lost message, the abort path, an engine crash while A is served (restart, rehydrate), a drain
+# with two requests, and a reclaim that meets a rehydrate still staging (each under 2 s).
+CHECKER_BOUNDS = (
+    Bounds(engines=2, versions=3, sessions=1, drops=1, dups=0, crashes=0, failures=0, bootstrapped=True),
+    Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=1, bootstrapped=True),
+    Bounds(engines=2, versions=1, sessions=0, drops=0, dups=0, crashes=1, failures=0, bootstrapped=True),
+    # one engine and a duplicated generate request: an adapter drains with two requests on it
+    Bounds(engines=1, versions=2, sessions=1, drops=0, dups=1, crashes=0, failures=0, bootstrapped=True),
+    # a free slot while an attempt is pending (capacity 3); two failed attempts (a cleanup overtakes a begin)
+    Bounds(engines=1, versions=3, sessions=0, drops=0, dups=0, crashes=0, failures=2, capacity=3, bootstrapped=True),
+    # an engine crash while a retired version still has a session ref, then its claim (row reclaim.staging);
+    # depth-bounded for speed (see RECLAIM_WHILE_REHYDRATING above)
+    RECLAIM_WHILE_REHYDRATING,
+)

@@ -13,7 +13,7 @@ Event codes are tuples of ints (kind first); see REG_* and ENG_* below.
 from __future__ import annotations
 
 from collections.abc import Hashable
-from typing import Any
+from typing import Any, cast
 
 from immutables import Map
 
@@ -303,9 +303,10 @@ class Kernel:
             fired = self.core.step_traced(before, event)
         except ProtocolError as exc:
             return Transition(rid, (NO, -1), (), -1, (f"ProtocolError: {exc}",), repr(event))
+        state = cast(RegistryState, fired.state)  # step_traced's result is typed for both machines
         problems = tuple(registry_step_violations(before, event, fired, self.core)
-                         + registry_step_problems(before, event, fired.state, fired.result, fired.effects))
-        after = self.intern_registry(fired.state)  # type: ignore[arg-type]
+                         + registry_step_problems(before, event, state, fired.result, fired.effects))
+        after = self.intern_registry(state)
         row = self.row_index[fired.row.id]
         self.row_counts[row] += 1
         return Transition(after, self._answer(fired.result), self._jobs(fired.effects), row, problems, repr(event))
@@ -316,9 +317,10 @@ class Kernel:
             fired = self.core.engine_step_traced(before, event)
         except ProtocolError as exc:
             return Transition(eid, (NO, -1), (), -1, (f"ProtocolError: {exc}",), repr(event))
+        state = cast(EngineAdapterState, fired.state)
         problems = tuple(engine_step_violations(before, event, fired, self.core)
-                         + engine_step_problems(before, event, fired.state, fired.result, fired.effects))
-        after = self.intern_engine(fired.state)  # type: ignore[arg-type]
+                         + engine_step_problems(before, event, state, fired.result, fired.effects))
+        after = self.intern_engine(state)
         row = self.row_index[fired.row.id]
         self.row_counts[row] += 1
         unloads = tuple(self.names.index(x.lora_name) for x in fired.effects if isinstance(x, PhysicalUnload))

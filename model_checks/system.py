@@ -30,6 +30,8 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import Any
 
+from mypy_extensions import mypyc_attr
+
 from model_checks.bounds import Bounds
 from model_checks.kernel import (
     A_DRAINING,
@@ -109,6 +111,8 @@ State = tuple[Any, ...]
 Successor = tuple[tuple[Any, ...], State, tuple[str, ...]]
 
 
+# Compiled by mypyc (model_checks/native.py); tests subclass it to plant an unsound reduction.
+@mypyc_attr(allow_interpreted_subclasses=True)
 class System:
     """stateright's Model: `init_states`, `successors` (actions + next_state), `properties`."""
 
@@ -260,10 +264,10 @@ class System:
         """A request from `client` or a reply to it is still in the network."""
         return any((m[1] if m[0] == M_REG else m[2]) == client for m in net)
 
-    def _reg_call(self, client: tuple[int, ...], code: tuple[int, ...]) -> tuple[Any, ...]:
+    def _reg_call(self, client: tuple[int, ...] | None, code: tuple[int, ...]) -> tuple[Any, ...]:
         return (M_REG, client, code)
 
-    def _eng_call(self, e: int, client: tuple[int, ...], code: tuple[int, ...]) -> tuple[Any, ...]:
+    def _eng_call(self, e: int, client: tuple[int, ...] | None, code: tuple[int, ...]) -> tuple[Any, ...]:
         return (M_ENG, e, client, code)
 
     # ---------------------------------------------------------------- network: delivery
@@ -987,7 +991,8 @@ def _session_of(m: tuple[Any, ...]) -> int:
     client = m[2] if m[0] == M_ENG else m[1]
     if client is None or client[0] != C_SESSION:
         return -1
-    return client[1] if client[1] >= 0 else -1 - client[1]
+    i: int = client[1]
+    return i if i >= 0 else -1 - i
 
 
 def _strip(m: tuple[Any, ...]) -> tuple[Any, ...]:

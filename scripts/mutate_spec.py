@@ -23,7 +23,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from model_checks.bfs import check
-from model_checks.bounds import RECLAIM_WHILE_REHYDRATING, Bounds
+from model_checks.bounds import CHECKER_BOUNDS, Bounds
 from model_checks.liveness import check_liveness
 from model_checks.stateful import build_machine
 from model_checks.system import System
@@ -32,21 +32,8 @@ from versioned_lora.spec import ROWS
 from versioned_lora.spec.states import SAME, wildcard_states
 
 OPERATORS = ("drop_guard", "swap_target", "delete_row", "drop_effect", "drop_update")
-# Safety: the publication/reclaim path with a lost message, the abort path, an engine crash while A is
-# served (restart, rehydrate), a drain with two requests, and a reclaim that meets a rehydrate still
-# staging (each bound is under 2 s on the reference); liveness: the abort path.
-CHECKER_BOUNDS = (
-    Bounds(engines=2, versions=3, sessions=1, drops=1, dups=0, crashes=0, failures=0, bootstrapped=True),
-    Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=1, bootstrapped=True),
-    Bounds(engines=2, versions=1, sessions=0, drops=0, dups=0, crashes=1, failures=0, bootstrapped=True),
-    # one engine and a duplicated generate request: an adapter drains with two requests on it
-    Bounds(engines=1, versions=2, sessions=1, drops=0, dups=1, crashes=0, failures=0, bootstrapped=True),
-    # a free slot while an attempt is pending (capacity 3); two failed attempts (a cleanup overtakes a begin)
-    Bounds(engines=1, versions=3, sessions=0, drops=0, dups=0, crashes=0, failures=2, capacity=3, bootstrapped=True),
-    # an engine crash while a retired version still has a session ref, then its claim (row reclaim.staging);
-    # depth-bounded, because crash bounds with two versions never finish (model_checks/bounds.py says why)
-    RECLAIM_WHILE_REHYDRATING,
-)
+# Safety: model_checks.bounds.CHECKER_BOUNDS (together they fire every row of the reference table);
+# liveness: the abort path.
 LIVENESS_BOUNDS = Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=1, bootstrapped=True)
 # Hand verdicts: mutant description -> why it cannot change any observable behaviour (state, answer,
 # effects) of the core on any input. A mutant listed here is left out of both kill rates.

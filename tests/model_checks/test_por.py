@@ -10,7 +10,6 @@ from typing import Any
 
 import attrs
 import pytest
-from checked_states import on_each_checked_state
 
 from model_checks.bfs import check
 from model_checks.bounds import Bounds
@@ -31,13 +30,10 @@ BOUNDS = (
 )
 
 
-def _run(bounds: Bounds, por: bool, ample: Any = None) -> tuple[Any, System, set[tuple[Any, Any]]]:
-    system = System(attrs.evolve(bounds, por=por))
-    if ample is not None:
-        system.ample = ample.__get__(system)  # type: ignore[method-assign]
+def _run(bounds: Bounds, por: bool, system_class: type[System] = System) -> tuple[Any, System, set[tuple[Any, Any]]]:
+    system = system_class(attrs.evolve(bounds, por=por))
     seen: set[tuple[Any, Any]] = set()
-    on_each_checked_state(system, lambda st: seen.add((st[REG], st[ENGS])))
-    return check(system), system, seen
+    return check(system, visit=lambda st: seen.add((st[REG], st[ENGS]))), system, seen
 
 
 def _core_pairs(system: System, seen: set[tuple[Any, Any]]) -> set[tuple[Any, ...]]:
@@ -73,8 +69,7 @@ def test_ample_sets_are_successors_of_the_state() -> None:
     """Every ample set is non-empty and a subset of `successors` (same labels, states, problems)."""
     system = System(attrs.evolve(BOUNDS[3], symmetry=False, por=False))
     states: list[Any] = []
-    on_each_checked_state(system, states.append)
-    assert check(system).complete
+    assert check(system, visit=states.append).complete
     classes = set()
     for st in states:
         amp = system.ample(st)
@@ -90,12 +85,12 @@ def test_an_unsound_reduction_is_caught_by_the_comparison() -> None:
     """Expanding only the first successor of every state loses states and rows: the checks above
     would fail on it."""
 
-    def first_only(self: System, st: Any) -> Any:
-        succs = self.successors(st)
-        return succs[:1] or None
+    class FirstOnlyReduction(System):  # an interpreted subclass of the compiled System
+        def ample(self, st: Any) -> Any:
+            return self.successors(st)[:1] or None
 
     bounds = attrs.evolve(BOUNDS[0], symmetry=False)
     _, full_sys, full_seen = _run(bounds, por=False)
-    _, bad_sys, bad_seen = _run(bounds, por=True, ample=first_only)
+    _, bad_sys, bad_seen = _run(bounds, por=True, system_class=FirstOnlyReduction)
     assert rows_fired(bad_sys)[2] != rows_fired(full_sys)[2]
     assert _core_pairs(bad_sys, bad_seen) != _core_pairs(full_sys, full_seen)

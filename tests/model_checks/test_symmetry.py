@@ -8,8 +8,6 @@ from __future__ import annotations
 import itertools
 from typing import Any
 
-from checked_states import on_each_checked_state
-
 from model_checks.bfs import check
 from model_checks.bounds import Bounds
 from model_checks.system import NET, REG, RUN, SESS, System
@@ -30,8 +28,7 @@ def test_canonical_form_is_the_same_for_every_renaming_of_the_sessions() -> None
                     symmetry=False, por=False, max_depth=9)
     system = System(bounds)
     states: list[Any] = []
-    on_each_checked_state(system, states.append)
-    check(system)
+    check(system, visit=states.append)
     with_messages = 0
     perms = list(itertools.permutations(range(3)))
     for st in states[::7]:
