@@ -113,3 +113,19 @@ def test_a_directory_left_by_a_killed_server_is_removed_by_the_next(monkeypatch:
     monkeypatch.delenv(staging_channel.ADDRESS_ENV, raising=False)
     staging_channel.choose_address()
     assert mine.exists() and mine.name.startswith(f"versioned-lora-staging-{os.getpid()}-")
+
+
+def test_a_directory_that_vanishes_during_the_sweep_does_not_stop_the_start(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Two engines starting together both sweep the directories of dead servers; one may remove a
+    directory between the other's listing and its stat. A dangling link stands for that directory
+    (listed, gone when looked at); the sweep goes on and still removes a dead server's directory."""
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / f"versioned-lora-staging-{dead.pid}-vanished").symlink_to(tmp_path / "removed-meanwhile")
+    left = Path(tempfile.mkdtemp(prefix=f"versioned-lora-staging-{dead.pid}-"))
+    monkeypatch.delenv(staging_channel.ADDRESS_ENV, raising=False)
+    staging_channel.choose_address()
+    assert not left.exists()
