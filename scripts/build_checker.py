@@ -37,7 +37,9 @@ def main(argv: list[str]) -> int:
     digest = native.source_digest()  # of exactly what is compiled below
     paths = [f"model_checks/{name}.py" for name in native.COMPILED]
     with tempfile.TemporaryDirectory(prefix="build-checker-") as build:
-        setup(name="model-checks-native", script_args=["-q", "build_ext", "--inplace", "--build-temp", build],
+        # Everything but the extension files stays in the temporary directory (no build/ in the repo).
+        args = ["-q", "build_ext", "--inplace", "--build-temp", build, "--build-lib", build]
+        setup(name="model-checks-native", script_args=args,
               ext_modules=mypycify(paths, group_name=native.GROUP, target_dir=build, opt_level="3"))
     native.DIGEST_FILE.write_text(digest + "\n")
     print("compiled:", ", ".join(p.name for p in native.extension_files()))
