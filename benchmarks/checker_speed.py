@@ -2,7 +2,7 @@
 
 Each round runs `python -m model_checks <bound>` twice, in alternating order: once with the
 compiled package (the repo's, as scripts/build_checker.py left it) and once with a copy of its .py
-files alone (`model_checks.native.interpreted_copy`). Both must report the same counts (else it
+files alone (`model_checks.native.package_copy`). Both must report the same counts (else it
 stops: they would not be checking the same model). Prints each run's states/s and the median ratio.
 Not a test: nothing is timed against a threshold. The last line is machine-readable:
 
@@ -25,6 +25,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from model_checks import native  # noqa: E402
+from model_checks.report import summary_fields  # noqa: E402
 
 DEFAULT_BOUND = "--engines 2 --versions 2 --sessions 2 --drops 0 --dups 0 --crashes 0 --failures 0 --bootstrapped"
 
@@ -33,8 +34,7 @@ def run(where: Path, bound: list[str]) -> dict[str, str]:
     env = {**os.environ, "PYTHONPATH": f"{where}{os.pathsep}{ROOT}"}
     out = subprocess.run([sys.executable, "-m", "model_checks", *bound, "--no-progress"], cwd=where, env=env,
                          capture_output=True, text=True, check=True).stdout
-    line = next(x for x in out.splitlines() if x.startswith("generated="))
-    return dict(field.split("=", 1) for field in line.split())
+    return summary_fields(out)
 
 
 def main() -> int:
@@ -47,7 +47,7 @@ def main() -> int:
         raise SystemExit("the checker is not compiled: run scripts/build_checker.py first")
     rates: dict[str, list[float]] = {"compiled": [], "interpreted": []}
     with tempfile.TemporaryDirectory(prefix="checker-speed-") as tmp:
-        where = {"compiled": ROOT, "interpreted": native.interpreted_copy(Path(tmp))}
+        where = {"compiled": ROOT, "interpreted": native.package_copy(Path(tmp), compiled=False)}
         counts = None
         for r in range(ns.rounds):
             order = ("compiled", "interpreted") if r % 2 == 0 else ("interpreted", "compiled")

@@ -64,9 +64,9 @@ def is_compiled() -> bool:
     return all(not str(m.__file__).endswith(".py") for m in (kernel, system, bfs))
 
 
-def interpreted_copy(dest: Path) -> Path:
-    """A copy of the package's .py files alone under `dest` (put `dest` first on PYTHONPATH to run
-    the interpreted checker beside the compiled one: the conformance test and the speed benchmark)."""
-    shutil.copytree(PACKAGE, dest / "model_checks",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so", DIGEST_FILE.name))
+def package_copy(dest: Path, *, compiled: bool) -> Path:
+    """A copy of the package under `dest`: as built (`compiled`), or its .py files alone. Put `dest`
+    first on PYTHONPATH to run that checker beside the other (the conformance test, the speed benchmark)."""
+    skip = ["__pycache__"] if compiled else ["__pycache__", "*.so", DIGEST_FILE.name]
+    shutil.copytree(PACKAGE, dest / "model_checks", ignore=shutil.ignore_patterns(*skip))
     return dest

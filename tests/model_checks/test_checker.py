@@ -12,7 +12,7 @@ from model_checks import trace as traces
 from model_checks.bfs import check
 from model_checks.bounds import CHECKER_BOUNDS, RECLAIM_WHILE_REHYDRATING, Bounds
 from model_checks.liveness import check_liveness
-from model_checks.report import report_lines, rows_fired
+from model_checks.report import SUMMARY_PREFIX, report_lines, rows_fired
 from model_checks.simulate import simulate
 from model_checks.system import System
 from versioned_lora.lifecycle import Core
@@ -27,7 +27,7 @@ def test_bounded_check_finds_no_violation_and_reports_one_machine_line() -> None
     result = check(system)
     assert result.violation is None and result.complete
     lines = report_lines(system, result)
-    summary = [line for line in lines if line.startswith("generated=")]
+    summary = [line for line in lines if line.startswith(SUMMARY_PREFIX)]
     assert len(summary) == 1 and "violations=0" in summary[0]
     assert lines[-1].startswith("rows never fired:")
     print("\n".join(lines))
