@@ -70,13 +70,15 @@ _DIRECTORY_PREFIX = "versioned-lora-staging-"
 def _remove_dead_servers_directories() -> None:
     for directory in Path(tempfile.gettempdir()).glob(f"{_DIRECTORY_PREFIX}*-*"):
         pid = directory.name.removeprefix(_DIRECTORY_PREFIX).split("-", 1)[0]
+        if not pid.isdigit():
+            continue
         try:
             mine = directory.stat().st_uid == os.getuid()
         except FileNotFoundError:
             # Gone since the listing: two engines starting together both sweep, and one removed it
             # first (seen in a test run: the other engine failed to start), or its owner exited.
             continue
-        if pid.isdigit() and mine and not psutil.pid_exists(int(pid)):
+        if mine and not psutil.pid_exists(int(pid)):
             shutil.rmtree(directory, ignore_errors=True)
 
 
