@@ -1,9 +1,22 @@
 """The canonical manifest of a LoRA version and its digest (DESIGN.md §2).
 
-The manifest lists every tensor (name, dtype, shape, nbytes, SHA-256 of its contiguous little-endian
+The manifest lists every tensor (name, dtype, shape, nbytes, hash of its contiguous little-endian
 bytes) sorted by name, plus the serving config. Its canonical form is JSON with sorted keys, no
 whitespace, UTF-8; `digest = sha256(canonical bytes)`. The digest is the version's identity: the same
 `version_key` with another digest is a conflict, and an engine's READY must name the reserved digest.
+
+Two versions of the format, both accepted everywhere:
+
+- v1 (``"format": "versioned-lora/manifest/v1"``, the default): each tensor's ``sha256`` field is the
+  SHA-256 of its bytes. Its canonical bytes are exactly what they were before v2 existed, so every v1
+  digest, name and journal entry stays valid, and a manifest read as v1 is written back as v1.
+- v2 (``"format": "versioned-lora/manifest/v2"`` plus ``"hash": "sha256-chunked-<C>"``): the ``sha256``
+  field is the chunked hash of `hashing` (SHA-256 over the SHA-256 digests of fixed ``C``-byte
+  chunks), which threads and GPUs compute in parallel. The ``hash`` field is part of the canonical
+  manifest, so the chunk size is frozen into the digest. Only ``C = V2_CHUNK_BYTES`` is known.
+
+A manifest of another format, or a v2 manifest of another hash kind, is refused with
+`UnsupportedManifest` (an engine answers it with a typed refusal, ``UNSUPPORTED_MANIFEST``).
 
 The JSON part imports without torch (the registry and the lifecycle core handle manifests and
 digests without ever touching tensors); torch is imported only by the functions that hash tensors.
@@ -24,10 +37,20 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from versioned_lora.adapters.hashing import HASH_SHA256, chunked_kind, hash_tensors, tensor_hash
+
 if TYPE_CHECKING:
     import torch
 
 MANIFEST_FORMAT = "versioned-lora/manifest/v1"
+MANIFEST_FORMAT_V2 = "versioned-lora/manifest/v2"
+# The one chunk size of v2 (64 KiB). Measured before it was frozen (gpu_validation/results/
+# 2026-12-01-verify-*.txt): on a 2-core host its hashing costs the same CPU time as v1's (16 KiB costs
+# ~7% more: hashlib's per-call overhead), and on an H200 it still gives thousands of independent chunks for
+# a 349 MB adapter, where 1 MiB chunks leave the GPU a few hundred long serial hashes.
+V2_CHUNK_BYTES = 64 * 1024
+V2_HASH = chunked_kind(V2_CHUNK_BYTES)
+KNOWN_HASH_KINDS: Mapping[str, str] = {MANIFEST_FORMAT: HASH_SHA256, MANIFEST_FORMAT_V2: V2_HASH}
 
 # Element sizes by the dtype's torch name (`str(torch.float32)` without "torch."). Kept as plain data so
 # a manifest can be checked (nbytes == prod(shape) * itemsize) without importing torch.
@@ -53,6 +76,7 @@ REQUIRED_SERVING_KEYS = ("lora_alpha", "r", "target_modules")
 _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _TENSOR_KEYS = frozenset({"name", "dtype", "shape", "nbytes", "sha256"})
 _MANIFEST_KEYS = frozenset({"format", "serving_config", "tensors"})
+_MANIFEST_KEYS_V2 = _MANIFEST_KEYS | {"hash"}
 
 
 class ManifestError(Exception):
@@ -61,6 +85,11 @@ class ManifestError(Exception):
 
 class MalformedManifest(ManifestError):
     """A manifest (JSON or value) that breaks the canonical format; the message says which rule."""
+
+
+class UnsupportedManifest(MalformedManifest):
+    """A well-formed manifest of a format version or hash kind this code does not know (a newer publisher):
+    refused rather than guessed at, since its digest covers rules we cannot check."""
 
 
 class UnsupportedTensor(ManifestError):
@@ -254,8 +283,14 @@ class Manifest:
 
     tensors: tuple[TensorEntry, ...] = attrs.field(converter=_to_entries)
     serving_config_json: str
+    # How each entry's `sha256` was computed: "sha256" (format v1) or V2_HASH (format v2).
+    hash_kind: str = HASH_SHA256
 
     def __attrs_post_init__(self) -> None:
+        if self.hash_kind not in KNOWN_HASH_KINDS.values():
+            raise UnsupportedManifest(
+                f"hash kind {self.hash_kind!r} is not known here (known: {sorted(KNOWN_HASH_KINDS.values())})"
+            )
         names = [t.name for t in self.tensors]
         for before, after in itertools.pairwise(names):
             if before == after:
@@ -271,13 +306,20 @@ class Manifest:
             raise _malformed("serving_config_json is not in canonical form")
 
     @classmethod
-    def create(cls, tensors: Iterable[TensorEntry], serving_config: Mapping[str, Any]) -> Manifest:
+    def create(
+        cls, tensors: Iterable[TensorEntry], serving_config: Mapping[str, Any], hash_kind: str = HASH_SHA256
+    ) -> Manifest:
         """Sorts the entries and canonicalises the config; use this rather than the raw constructor."""
         config = canonical_serving_config(serving_config)
         return cls(
             tensors=sorted(tensors, key=lambda t: t.name),
             serving_config_json=canonical_json_bytes(config).decode("utf-8"),
+            hash_kind=hash_kind,
         )
+
+    @property
+    def format(self) -> str:
+        return MANIFEST_FORMAT if self.hash_kind == HASH_SHA256 else MANIFEST_FORMAT_V2
 
     @property
     def serving_config(self) -> dict[str, Any]:
@@ -308,11 +350,14 @@ class Manifest:
         raise KeyError(name)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "format": MANIFEST_FORMAT,
+        out: dict[str, Any] = {
+            "format": self.format,
             "serving_config": self.serving_config,
             "tensors": [t.to_dict() for t in self.tensors],
         }
+        if self.hash_kind != HASH_SHA256:  # v1 has no "hash" key: its canonical bytes never change
+            out["hash"] = self.hash_kind
+        return out
 
     def to_json_bytes(self) -> bytes:
         return _canonical_bytes(self)
@@ -335,20 +380,31 @@ class Manifest:
             raise _malformed(f"manifest is not valid JSON: {exc}") from exc
         if not isinstance(raw, dict):
             raise _malformed(f"manifest must be a JSON object, got {type(raw).__name__}")
+        fmt = raw.get("format")
+        if fmt not in KNOWN_HASH_KINDS:
+            known = sorted(KNOWN_HASH_KINDS)
+            if isinstance(fmt, str) and fmt.startswith("versioned-lora/manifest/"):
+                raise UnsupportedManifest(f"manifest format {fmt!r} is not known here (known: {known})")
+            raise _malformed(f"manifest format {fmt!r} is not one of {known}")
+        expected_keys = _MANIFEST_KEYS if fmt == MANIFEST_FORMAT else _MANIFEST_KEYS_V2
         keys = set(raw)
-        if keys != _MANIFEST_KEYS:
+        if keys != expected_keys:
             raise _malformed(
-                f"manifest: missing fields {sorted(_MANIFEST_KEYS - keys)}, "
-                f"unknown fields {sorted(keys - _MANIFEST_KEYS)}"
+                f"manifest: missing fields {sorted(expected_keys - keys)}, "
+                f"unknown fields {sorted(keys - expected_keys)}"
             )
-        if raw["format"] != MANIFEST_FORMAT:
-            raise _malformed(f"manifest format {raw['format']!r} is not {MANIFEST_FORMAT!r}")
+        hash_kind = raw.get("hash", HASH_SHA256)
+        if hash_kind != KNOWN_HASH_KINDS[fmt]:
+            raise UnsupportedManifest(
+                f"manifest {fmt!r}: hash kind {hash_kind!r} is not known here (known: {KNOWN_HASH_KINDS[fmt]!r})"
+            )
         if not isinstance(raw["tensors"], list):
             raise _malformed(f"manifest tensors must be a list, got {type(raw['tensors']).__name__}")
         _check_serving_config(raw["serving_config"])
         return cls(
             tensors=[TensorEntry.from_dict(t) for t in raw["tensors"]],
             serving_config_json=canonical_json_bytes(raw["serving_config"]).decode("utf-8"),
+            hash_kind=hash_kind,
         )
 
 
@@ -396,71 +452,97 @@ def torch_dtype(name: str) -> torch.dtype:
 
 
 def tensor_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The tensor's row-major bytes as a flat CPU uint8 tensor (no copy when already contiguous on CPU).
+    """The tensor's row-major bytes as a flat CPU uint8 tensor (see `hashing.cpu_bytes`)."""
+    from versioned_lora.adapters.hashing import cpu_bytes
 
-    Viewing as uint8 reads the raw storage, which is how bf16 (no numpy dtype) is hashed exactly. The
-    in-memory order is the host's; every supported host is little-endian, and we refuse others rather
-    than silently hash big-endian bytes.
-    """
-    import torch
-
-    if sys.byteorder != "little":
-        raise UnsupportedTensor("tensor hashing assumes a little-endian host")
-    flat = tensor.detach().resolve_conj().resolve_neg().cpu().contiguous().reshape(-1)
-    return flat.view(torch.uint8)
+    try:
+        return cpu_bytes(tensor)
+    except ValueError as exc:  # a big-endian host
+        raise UnsupportedTensor(str(exc)) from exc
 
 
-def tensor_sha256(tensor: torch.Tensor) -> str:
-    # memoryview hands the tensor's own buffer to hashlib: no copy of a large tensor.
-    return hashlib.sha256(tensor_bytes(tensor).numpy().data).hexdigest()
+def tensor_sha256(tensor: torch.Tensor, hash_kind: str = HASH_SHA256) -> str:
+    """One tensor's hash under `hash_kind` (plain SHA-256 of its bytes by default), on this thread."""
+    tensor_bytes(tensor)  # refuses a big-endian host with UnsupportedTensor
+    return tensor_hash(tensor, hash_kind)
 
 
-def tensor_entry(name: str, tensor: torch.Tensor) -> TensorEntry:
+def _describe(name: str, tensor: torch.Tensor) -> tuple[str, tuple[int, ...], int]:
     if not isinstance(name, str):
         raise UnsupportedTensor(f"tensor name must be a string, got {name!r}")
     dtype = dtype_name(tensor.dtype)
     shape = tuple(int(d) for d in tensor.shape)
-    return TensorEntry(
-        name=name,
-        dtype=dtype,
-        shape=shape,
-        nbytes=math.prod(shape) * DTYPE_ITEMSIZE[dtype],
-        sha256=tensor_sha256(tensor),
-    )
+    return dtype, shape, math.prod(shape) * DTYPE_ITEMSIZE[dtype]
 
 
-def manifest_from_tensors(tensors: Mapping[str, torch.Tensor], serving_config: Mapping[str, Any]) -> Manifest:
-    return Manifest.create((tensor_entry(n, t) for n, t in tensors.items()), serving_config)
+def tensor_entry(name: str, tensor: torch.Tensor, hash_kind: str = HASH_SHA256) -> TensorEntry:
+    dtype, shape, nbytes = _describe(name, tensor)
+    return TensorEntry(name=name, dtype=dtype, shape=shape, nbytes=nbytes, sha256=tensor_sha256(tensor, hash_kind))
+
+
+def manifest_from_tensors(
+    tensors: Mapping[str, torch.Tensor], serving_config: Mapping[str, Any], *, hash_kind: str = HASH_SHA256,
+    threads: int | None = None,
+) -> Manifest:  # fmt: skip
+    """The manifest of `tensors`, their hashes computed on a pool of `threads` (hashing.default_threads()
+    by default); a v2 manifest of CUDA tensors is hashed on their GPU."""
+    described = {name: _describe(name, t) for name, t in tensors.items()}
+    if sys.byteorder != "little":
+        raise UnsupportedTensor("tensor hashing assumes a little-endian host")
+    hashes = hash_tensors(tensors, hash_kind, threads)
+    entries = (TensorEntry(name=n, dtype=d, shape=s, nbytes=b, sha256=hashes[n]) for n, (d, s, b) in described.items())
+    return Manifest.create(entries, serving_config, hash_kind)
 
 
 def verify_tensors(
-    manifest: Manifest, tensors: Mapping[str, torch.Tensor], expected_digest: str | None = None
-) -> None:
+    manifest: Manifest, tensors: Mapping[str, torch.Tensor], expected_digest: str | None = None, *,
+    threads: int | None = None,
+) -> None:  # fmt: skip
     """Raise ManifestMismatch listing every difference between `tensors` and `manifest`.
 
-    Checks names (missing/extra), then dtype and shape, and the SHA-256 only where dtype and shape agree
-    (a different shape necessarily hashes differently; reporting both would only add noise). With
-    `expected_digest`, also checks the manifest's digest, i.e. that it is the version that was reserved.
+    Checks names (missing/extra), then dtype and shape, and the hash (the manifest's kind, on a pool of
+    `threads`) only where dtype and shape agree (a different shape necessarily hashes differently; reporting
+    both would only add noise). With `expected_digest`, also checks the manifest's digest, i.e. that it is
+    the version that was reserved.
     """
+    described = {
+        name: (str(t.dtype).removeprefix("torch."), tuple(int(d) for d in t.shape)) for name, t in tensors.items()
+    }
+    comparable = {name: tensors[name] for name in _comparable(manifest, described)}
+    hashes = hash_tensors(comparable, manifest.hash_kind, threads)
+    raise_mismatches(manifest, described, hashes, expected_digest)
+
+
+def _comparable(manifest: Manifest, described: Mapping[str, tuple[str, tuple[int, ...]]]) -> list[str]:
+    """The names present on both sides whose dtype and shape agree: the ones whose hash is compared."""
+    expected = {t.name: t for t in manifest.tensors}
+    both = sorted(set(expected) & set(described))
+    return [n for n in both if described[n] == (expected[n].dtype, expected[n].shape)]
+
+
+def raise_mismatches(
+    manifest: Manifest, described: Mapping[str, tuple[str, tuple[int, ...]]], hashes: Mapping[str, str],
+    expected_digest: str | None = None,
+) -> None:  # fmt: skip
+    """The one comparison of received tensors with a manifest: `described` gives each tensor's (dtype name,
+    shape), `hashes` the hash of each whose dtype and shape agree. Raises ManifestMismatch listing every
+    difference (see verify_tensors)."""
     mismatches: list[Mismatch] = []
     if expected_digest is not None and manifest.digest != expected_digest:
         mismatches.append(Mismatch(MismatchKind.DIGEST, None, expected_digest, manifest.digest))
     expected = {t.name: t for t in manifest.tensors}
-    for name in sorted(set(expected) - set(tensors)):
+    for name in sorted(set(expected) - set(described)):
         mismatches.append(Mismatch(MismatchKind.MISSING, name, "present", "absent"))
-    for name in sorted(set(tensors) - set(expected), key=str):
+    for name in sorted(set(described) - set(expected), key=str):
         mismatches.append(Mismatch(MismatchKind.EXTRA, str(name), "absent", "present"))
-    for name in sorted(set(expected) & set(tensors)):
-        entry, tensor = expected[name], tensors[name]
-        actual_dtype = str(tensor.dtype).removeprefix("torch.")
-        actual_shape = tuple(int(d) for d in tensor.shape)
+    for name in sorted(set(expected) & set(described)):
+        entry = expected[name]
+        actual_dtype, actual_shape = described[name]
         if actual_dtype != entry.dtype:
             mismatches.append(Mismatch(MismatchKind.DTYPE, name, entry.dtype, actual_dtype))
         if actual_shape != entry.shape:
             mismatches.append(Mismatch(MismatchKind.SHAPE, name, str(list(entry.shape)), str(list(actual_shape))))
-        if actual_dtype == entry.dtype and actual_shape == entry.shape:
-            actual_sha = tensor_sha256(tensor)
-            if actual_sha != entry.sha256:
-                mismatches.append(Mismatch(MismatchKind.SHA256, name, entry.sha256, actual_sha))
+        if actual_dtype == entry.dtype and actual_shape == entry.shape and hashes[name] != entry.sha256:
+            mismatches.append(Mismatch(MismatchKind.SHA256, name, entry.sha256, hashes[name]))
     if mismatches:
         raise ManifestMismatch(mismatches)
