@@ -26,7 +26,15 @@ from typing import Any
 import attrs
 
 from versioned_lora.adapters.journal import CheckpointWriter, Journal, state_digest
-from versioned_lora.lifecycle import RegistryEvent, RegistryState, VersionKey, VersionState, initial_state, step
+from versioned_lora.lifecycle import (
+    RegistryEvent,
+    RegistryState,
+    Reserve,
+    VersionKey,
+    VersionState,
+    initial_state,
+    step,
+)
 from versioned_lora.runtime.interfaces import (
     MAX_BATCH,
     BatchTooLarge,
@@ -36,6 +44,7 @@ from versioned_lora.runtime.interfaces import (
     RegistryUnavailable,
 )
 from versioned_lora.runtime.views import PublicationView, publication_view
+from versioned_lora.spec.identities import check_version_identity
 
 REGISTRY_ACTOR_NAME = "versioned_lora_registry"
 REGISTRY_NAMESPACE = "versioned_lora"
@@ -116,6 +125,7 @@ class RegistryCore:
         events = tuple(events)
         if len(events) > MAX_BATCH:
             raise BatchTooLarge(len(events))
+        _check_identities(events)
         answered = self._answered(key, events)
         if answered is not None:
             return answered
@@ -187,6 +197,11 @@ class RegistryCore:
     def state_digest(self) -> str:
         return state_digest(self._state)
 
+    def journal_has(self, key: str) -> bool:
+        """Read-only: whether a call under `key` is durable in the journal (tests show a lost reply's
+        request landed)."""
+        return self._journal.lookup(key) is not None
+
     def journal_stats(self) -> dict[str, int]:
         return {**self._journal.stats(), "replayed_calls": self.recovery.replayed_calls}
 
@@ -213,6 +228,16 @@ class RegistryCore:
             return
         self._fault = None
         fault.hit()
+
+
+def _check_identities(events: Sequence[RegistryEvent]) -> None:
+    """Where a version's identity enters the registry, it must be inside the name grammar
+    (spec/identities.py): a `Reserve` mints the version's managed name and takes a slot, so one outside it
+    is refused here with InvalidIdentity, before any event of the call is stepped — nothing is taken,
+    nothing journaled. The pure core stays total over any key (the model checker's digests are not hex)."""
+    for event in events:
+        if isinstance(event, Reserve):
+            check_version_identity(event.version, event.digest)
 
 
 class LocalRegistry:

@@ -4,9 +4,20 @@
 The registry decides; this module only carries out the effects the registry answers and reports
 outcomes back, each report under an idempotency key derived from the attempt, so a retry after a
 lost reply (or a registry restart) is answered from the journal. Every phase has a deadline and the
-run a maximum no-progress interval; a miss goes through the protocol: abort, cleanup on every
-engine, and capacity is freed only once every engine confirmed. An outcome that cannot be confirmed
-(an engine that does not answer) is reported UNKNOWN and keeps the slot.
+run a maximum no-progress interval. What follows a miss depends on whether the missed call may have
+landed (DESIGN.md §1, RFC §3.4):
+
+* a staging call (begin, bucket, end) or a report before commit that failed or missed its deadline:
+  the version is certainly not committed, so the attempt is aborted, and the registry's abort answer
+  names the engines to clean; capacity is freed only once every engine confirmed;
+* a commit whose reply was lost or whose deadline fired: the commit may have landed. That is an
+  unknown outcome. Nothing is aborted or cleaned; the same commit (same idempotency key) is retried in
+  the background until the registry answers, and no next publication starts before it has;
+* an abort, claim or confirm whose reply is lost past its deadline: unknown too; nothing is cleaned
+  or reclaimed on the strength of it. Retrying the same call (`recover`, `reclaim`) resolves it.
+
+Cleanups and reclaims are only ever the effects of the registry's own answer (an abort row, a claim
+row), never derived from a read of the registry's view.
 """
 
 from __future__ import annotations
@@ -16,6 +27,7 @@ import logging
 import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from enum import StrEnum
 from typing import Any, Protocol, TypeVar
 
 import attrs
@@ -127,12 +139,38 @@ class PhaseDeadlineMissed(Exception):
         self.phase = phase
 
 
+class OutcomeUnknown(Exception):
+    """A registry call that may have landed got no answer within its deadline (lost reply, registry
+    unreachable). Never treated as a refusal: the caller keeps the resource and retries the same key."""
+
+    def __init__(self, call: str, key: str, cause: BaseException) -> None:
+        super().__init__(f"{call} outcome unknown (key {key!r}): {cause}")
+        self.call = call
+        self.key = key
+
+
+class PublishStatus(StrEnum):
+    """How one `publish` (or `recover`) ended, as the caller sees it."""
+
+    COMMITTED = "COMMITTED"  # the version is the default
+    REJECTED = "REJECTED"  # refused before anything was staged (`reason` says why); nothing to clean
+    FAILED_CLEAN = "FAILED_CLEAN"  # aborted, and every engine confirmed its cleanup: the slot is free
+    # Not known yet: a commit that may have landed (being resolved by retrying the same commit), an
+    # abort or reserve whose reply was lost, or a cleanup some engine has not confirmed. The slot stays
+    # taken and no next publication starts until the outcome is known.
+    UNKNOWN = "UNKNOWN"
+    REPLAYED = "REPLAYED"  # the same version and content was reserved before: `version_state` says where it is
+
+
+class PublisherRefusal(StrEnum):
+    """Refusals decided by the publisher itself, before any call reaches the registry."""
+
+    COMMIT_UNRESOLVED = "COMMIT_UNRESOLVED"  # a previous commit's outcome is not known yet (RFC §3.4)
+
+
 @attrs.frozen
 class PublishOutcome:
-    """COMMITTED, REJECTED (reason, nothing was sent), FAILED_CLEAN (aborted and cleaned everywhere)
-    or UNKNOWN (aborted, some engine's cleanup not confirmed: the slot stays taken)."""
-
-    status: str
+    status: PublishStatus
     version: VersionKey
     reason: str | None = None
     lora_name: str | None = None
@@ -140,19 +178,28 @@ class PublishOutcome:
     default_revision: int | None = None
     phases: Mapping[str, float] = attrs.field(factory=dict)
     detail: str = ""
+    version_state: VersionState | None = None  # REPLAYED: the version's state in the registry
 
     @property
     def committed(self) -> bool:
-        return self.status == "COMMITTED"
+        return self.status is PublishStatus.COMMITTED
+
+
+class ReclaimStatus(StrEnum):
+    RECLAIMED = "RECLAIMED"  # every engine confirmed: the slot is free
+    REJECTED = "REJECTED"  # the registry refused the claim (`reason`, e.g. NOT_RECLAIMABLE): nothing was unloaded
+    PENDING = "PENDING"  # claimed; some engine has not confirmed yet (reclaim again to finish)
+    UNKNOWN = "UNKNOWN"  # the claim's reply was lost past its deadline: nothing was sent to any engine
 
 
 @attrs.frozen
 class ReclaimOutcome:
-    status: str  # RECLAIMED | NOT_RECLAIMABLE | PENDING (some engine not confirmed yet)
+    status: ReclaimStatus
     version: VersionKey
     reclaim_id: str | None = None
     confirmed: tuple[str, ...] = ()
     seconds: float = 0.0
+    reason: str | None = None
 
 
 # ---------------------------------------------------------------- publisher
@@ -173,6 +220,9 @@ class Publisher:
         self.deadlines = deadlines or Deadlines()
         self._on_phase = on_phase or (lambda version, phase, seconds: None)
         self._last_progress = time.monotonic()
+        # The last commit, run as a task of its own so that neither a deadline nor the caller's
+        # cancellation ends it before the registry answered (RFC §3.4: resolved by the same commit).
+        self._commit_task: asyncio.Future[PublishOutcome] | None = None
 
     # ---- entry points
     async def sync_incarnations(self) -> None:
@@ -182,33 +232,51 @@ class Publisher:
             incarnation = await engine.incarnation()
             await self.registry.submit(EngineRestarted(name, incarnation), key=f"incarnation:{name}:{incarnation}")
 
+    @property
+    def commit_unresolved(self) -> bool:
+        """True while a commit whose reply was lost is still being resolved (no publication may start)."""
+        return self._commit_task is not None and not self._commit_task.done()
+
+    async def resolve(self) -> PublishOutcome | None:
+        """Wait until the last unresolved commit's outcome is known, and return it (None if there was none).
+        The commit is retried under its own key until the registry answers; it is never aborted."""
+        if self._commit_task is None:
+            return None
+        return await asyncio.shield(self._commit_task)
+
     async def publish(self, version: VersionKey, candidate: CandidatePort) -> PublishOutcome:
+        if self.commit_unresolved:
+            return PublishOutcome(PublishStatus.REJECTED, version, reason=PublisherRefusal.COMMIT_UNRESOLVED,
+                                  detail="a previous commit's outcome is not known yet; see Publisher.resolve")
         phases: dict[str, float] = {}
         self._last_progress = time.monotonic()
         # A fresh key per publish call: the registry itself makes Reserve idempotent per (version, digest)
         # and answers a replay with where the version is *now*; the key only deduplicates retries of
         # this one call after a lost reply.
         key = f"reserve:{version.epoch}:{version.version_id}:{candidate.digest}:{uuid.uuid4().hex}"
-        answer = await self._timed(phases, "reserve", submit_until_known(
-            self.registry, Reserve(version, candidate.digest), key, self.deadlines.reserve
-        ))
+        try:
+            answer = await self._timed(phases, "reserve", submit_until_known(
+                self.registry, Reserve(version, candidate.digest), key, self.deadlines.reserve
+            ))
+        except (PhaseDeadlineMissed, RegistryUnavailable) as exc:
+            # The reserve may have taken a slot: publishing the same version again replays it.
+            return PublishOutcome(PublishStatus.UNKNOWN, version, reason="RESERVE_OUTCOME_UNKNOWN",
+                                  lora_name=candidate.lora_name, phases=phases, detail=str(exc))
         if isinstance(answer.result, Rejected):
-            return PublishOutcome("REJECTED", version, reason=str(answer.result.reason), phases=phases)
+            return PublishOutcome(PublishStatus.REJECTED, version, reason=str(answer.result.reason), phases=phases)
         token = answer.result.attempt_token
         if answer.result.state is not VersionState.LOADING:  # an idempotent replay of a finished publication
-            return PublishOutcome(str(answer.result.state), version, lora_name=candidate.lora_name,
-                                  attempt_token=token, phases=phases)
+            return PublishOutcome(PublishStatus.REPLAYED, version, lora_name=candidate.lora_name,
+                                  attempt_token=token, phases=phases, version_state=answer.result.state)
         stages = [e for e in answer.effects if isinstance(e, StageOnEngine)]
         try:
             await self._stage(version, candidate, token, stages, phases)
-            revision = await self._commit(version, token, phases)
-        except Exception as exc:  # any miss goes through the protocol: abort and clean up everywhere
-            logger.warning("publication of %s failed: %s; aborting", version, exc)
+        except Exception as exc:  # not committed: abort, and clean what the abort's answer names
+            logger.warning("publication of %s failed before commit: %s; aborting", version, exc)
             status = await self.abort_and_clean(version, token, phases)
             return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=candidate.lora_name,
                                   attempt_token=token, phases=phases, detail=str(exc))
-        return PublishOutcome("COMMITTED", version, lora_name=candidate.lora_name, attempt_token=token,
-                              default_revision=revision, phases=phases)
+        return await self._commit_and_resolve(version, candidate.lora_name, token, phases)
 
     async def rehydrate(self, version: VersionKey, candidate: CandidatePort, engine: str) -> None:
         """Stage a version on one restarted engine under the attempt the registry issued for it;
@@ -257,34 +325,76 @@ class Publisher:
 
         await self._timed(phases, "end", settle_all([end(engine) for engine in targets]))
 
-    async def _commit(self, version: VersionKey, token: str, phases: dict[str, float]) -> int:
-        view = await self.registry.publication_view()
-        expected = view.default_revision
-        # The key names the revision it expects: a retry after a lost reply is answered from the
-        # journal; no new publication starts before this answer is known.
-        answer = await self._timed(phases, "commit", submit_until_known(
-            self.registry, Commit(version, token, expected), f"commit:{token}:{expected}", self.deadlines.commit
-        ))
-        if isinstance(answer.result, Rejected):
-            raise EngineRefused(str(answer.result.reason), "commit refused")
-        return int(answer.result.receipt.default_revision)
-
-    async def abort_and_clean(self, version: VersionKey, token: str, phases: dict[str, float]) -> str:
-        answer = await self._report(Abort(version, token), f"abort:{token}")
-        cleanups = [e for e in answer.effects if isinstance(e, CleanupOnEngine)]
-        if not cleanups:  # a replayed abort: ask the registry which engines still need cleaning
+    async def _commit_and_resolve(
+        self, version: VersionKey, lora_name: str | None, token: str, phases: dict[str, float]
+    ) -> PublishOutcome:
+        """Commit under a key derived from the attempt and the revision it expects. The call runs in a task
+        of its own that retries the same key until the registry answers: a deadline that fires (or the
+        caller's cancellation) ends the wait, never the commit, whose reply may still be on its way."""
+        try:
             view = await self.registry.publication_view()
-            placements = view.versions[version].placements
-            cleanups = [CleanupOnEngine(engine, version, view.versions[version].lora_name, token)
-                        for engine, p in placements.items()
-                        if p.state not in (PlacementState.CLEANED, PlacementState.ABSENT)]
+        except RegistryUnavailable as exc:  # nothing was sent: the attempt is certainly not committed
+            status = await self.abort_and_clean(version, token, phases)
+            return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=lora_name,
+                                  attempt_token=token, phases=phases, detail=str(exc))
+        expected = view.default_revision
+        key = f"commit:{token}:{expected}"
+        task = asyncio.ensure_future(self._resolve_commit(version, lora_name, token, expected, key, phases))
+        self._commit_task = task
+        started = time.monotonic()
+        limit = self._phase_limit("commit")
+        try:
+            outcome = await asyncio.wait_for(asyncio.shield(task), limit)
+        except TimeoutError:
+            logger.warning("commit of %s missed its %.1fs deadline: outcome unknown, resolving by retrying %s",
+                           version, limit, key)
+            return PublishOutcome(PublishStatus.UNKNOWN, version, reason="COMMIT_OUTCOME_UNKNOWN",
+                                  lora_name=lora_name, attempt_token=token, phases=phases,
+                                  detail=f"commit missed its {limit:.1f}s deadline; retrying {key!r} until answered")
+        phases["commit"] = time.monotonic() - started
+        self._on_phase("", "commit", phases["commit"])
+        return outcome
+
+    async def _resolve_commit(
+        self, version: VersionKey, lora_name: str | None, token: str, expected: int, key: str,
+        phases: dict[str, float],
+    ) -> PublishOutcome:
+        answer = await submit_until_known(self.registry, Commit(version, token, expected), key, deadline_s=None)
+        self._last_progress = time.monotonic()
+        if isinstance(answer.result, Rejected):
+            # A certain refusal (not ready everywhere, revision moved): the commit did not land.
+            reason = str(answer.result.reason)
+            status = await self.abort_and_clean(version, token, phases)
+            return PublishOutcome(status, version, reason=reason, lora_name=lora_name, attempt_token=token,
+                                  phases=phases, detail="commit refused")
+        return PublishOutcome(PublishStatus.COMMITTED, version, lora_name=lora_name, attempt_token=token,
+                              default_revision=int(answer.result.receipt.default_revision), phases=phases)
+
+    async def abort_and_clean(self, version: VersionKey, token: str, phases: dict[str, float]) -> PublishStatus:
+        """Abort the attempt and clean exactly what the registry's answer names. A refused abort (the
+        version was committed, or another attempt is live) cleans nothing; so does an abort whose reply
+        is lost past its deadline (it may have landed: `recover` retries the same key)."""
+        try:
+            answer = await self._report(Abort(version, token), f"abort:{token}")
+        except RegistryUnavailable as exc:
+            logger.warning("abort of %s: outcome unknown (%s); nothing cleaned", version, exc)
+            return PublishStatus.UNKNOWN
+        if isinstance(answer.result, Rejected):
+            # E.g. `abort.after_commit`: the commit landed, its reply was lost. A committed version is never
+            # cleaned; what happened is for `resolve`/`recover` to establish, not for this call to guess.
+            logger.warning("abort of %s refused (%s); nothing cleaned", version, answer.result.reason)
+            return PublishStatus.UNKNOWN
+        cleanups = [e for e in answer.effects if isinstance(e, CleanupOnEngine)]
         results = await asyncio.gather(*(self._clean_one(c) for c in cleanups), return_exceptions=True)
         phases["cleanup"] = phases.get("cleanup", 0.0)
-        state = (await self.registry.version_states([version])).get(version)
+        try:
+            state = (await self.registry.version_states([version])).get(version)
+        except RegistryUnavailable:
+            return PublishStatus.UNKNOWN
         if state is VersionState.FAILED_CLEAN:
-            return "FAILED_CLEAN"
+            return PublishStatus.FAILED_CLEAN
         logger.warning("cleanup of %s not confirmed everywhere: %s", version, results)
-        return "UNKNOWN"
+        return PublishStatus.UNKNOWN
 
     async def _clean_one(self, cleanup: CleanupOnEngine) -> None:
         engine = self.engines[cleanup.engine]
@@ -311,23 +421,24 @@ class Publisher:
                 await asyncio.sleep(0.1)
 
     async def recover(self) -> list[PublishOutcome]:
-        """A publisher that crashed mid-attempt is finished by the next one: every attempt still pending
-        in the registry is aborted and cleaned (its snapshot died with the crashed publisher; committing
-        it would need READY everywhere, which a half-done attempt lacks), an attempt READY everywhere
-        is committed."""
+        """A publisher that crashed mid-attempt is finished by the next one: an attempt READY everywhere is
+        committed (or its commit resolved); any other attempt still pending in the registry is aborted and
+        cleaned as the abort's answer says (its snapshot died with the crashed publisher; committing it
+        would need READY everywhere, which a half-done attempt lacks). An unresolved commit of this
+        publisher is resolved first."""
         outcomes = []
+        resolved = await self.resolve()
+        if resolved is not None:
+            outcomes.append(resolved)
         view = await self.registry.publication_view()
         for key, version in view.versions.items():
             if version.state is VersionState.LOADING:
                 ready = all(p.state is PlacementState.READY for p in version.placements.values())
                 if ready:
-                    try:
-                        revision = await self._commit(key, version.attempt_token, {})
-                        outcomes.append(PublishOutcome("COMMITTED", key, lora_name=version.lora_name,
-                                                       attempt_token=version.attempt_token, default_revision=revision))
-                        continue
-                    except EngineRefused:
-                        pass
+                    outcomes.append(await self._commit_and_resolve(key, version.lora_name, version.attempt_token, {}))
+                    if outcomes[-1].status is PublishStatus.UNKNOWN:
+                        break  # no further publication step before this commit's outcome is known
+                    continue
                 status = await self.abort_and_clean(key, version.attempt_token, {})
                 outcomes.append(PublishOutcome(status, key, lora_name=version.lora_name,
                                                attempt_token=version.attempt_token))
@@ -374,17 +485,20 @@ async def settle_all(calls: Sequence[Awaitable[Any]]) -> list[Any]:
     return list(results)
 
 
-async def submit_until_known(registry: RegistryPort, event: Any, key: str, deadline_s: float) -> Any:
+async def submit_until_known(registry: RegistryPort, event: Any, key: str, deadline_s: float | None) -> Any:
     """Submit, and after a lost reply submit again under the same key until the answer is known: the
-    registry answers a replayed key from its journal, so the event is applied at most once."""
-    deadline = time.monotonic() + deadline_s
+    registry answers a replayed key from its journal, so the event is applied at most once. Past
+    `deadline_s` (None: never) the last RegistryUnavailable is raised: the outcome is unknown."""
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    backoff = 0.05
     while True:
         try:
             return await registry.submit(event, key=key)
         except RegistryUnavailable:
-            if time.monotonic() > deadline:
+            if deadline is not None and time.monotonic() > deadline:
                 raise
-            await asyncio.sleep(0.05)
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
 
 
 # ---------------------------------------------------------------- reclaimer
@@ -398,21 +512,29 @@ class Reclaimer:
         self.deadlines = deadlines or Deadlines()
 
     async def reclaim(self, version: VersionKey) -> ReclaimOutcome:
+        """Claim, then reclaim on exactly the engines the claim's answer names, confirming each. Calling it
+        again for the same version retries the same claim key: answered from the journal, it names the
+        same engines and reclaim id (engine unloads are idempotent per reclaim id)."""
         started = time.monotonic()
-        answer = await submit_until_known(self.registry, ClaimReclaim(version),
-                                          f"claim:{version.epoch}:{version.version_id}", self.deadlines.commit)
+        key = f"claim:{version.epoch}:{version.version_id}"
+        try:
+            answer = await submit_until_known(self.registry, ClaimReclaim(version), key, self.deadlines.commit)
+        except RegistryUnavailable:
+            # The claim may have landed: nothing is sent to any engine on the strength of it.
+            return ReclaimOutcome(ReclaimStatus.UNKNOWN, version, seconds=time.monotonic() - started,
+                                  reason="CLAIM_OUTCOME_UNKNOWN")
         if isinstance(answer.result, Rejected):
-            return ReclaimOutcome(str(answer.result.reason), version)
+            return ReclaimOutcome(ReclaimStatus.REJECTED, version, reason=str(answer.result.reason),
+                                  seconds=time.monotonic() - started)
         reclaim_id = answer.result.reclaim_id
         orders = [e for e in answer.effects if isinstance(e, ReclaimOnEngine)]
-        if not orders:  # a replayed claim: every engine not yet confirmed
-            view = await self.registry.publication_view()
-            lora_name = view.versions[version].lora_name
-            orders = [ReclaimOnEngine(engine, version, lora_name, reclaim_id) for engine in self.engines]
         done = await asyncio.gather(*(self._reclaim_one(order) for order in orders), return_exceptions=True)
         confirmed = tuple(order.engine for order, ok in zip(orders, done, strict=True) if ok is True)
-        state = (await self.registry.version_states([version])).get(version)
-        status = "RECLAIMED" if state is VersionState.RECLAIMED else "PENDING"
+        try:
+            state = (await self.registry.version_states([version])).get(version)
+        except RegistryUnavailable:
+            state = None
+        status = ReclaimStatus.RECLAIMED if state is VersionState.RECLAIMED else ReclaimStatus.PENDING
         return ReclaimOutcome(status, version, reclaim_id, confirmed, time.monotonic() - started)
 
     async def _reclaim_one(self, order: ReclaimOnEngine) -> bool:

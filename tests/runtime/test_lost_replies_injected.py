@@ -1,0 +1,294 @@
+"""Lost registry replies past their deadlines, injected, with the real core behind a `LocalRegistry` and
+engine ports that record every call (a double: these tests are about what the Publisher and Reclaimer
+do with an unknown outcome, which a real registry cannot produce on demand). The same faults run end to
+end on real engines and the Ray actor in `tests/e2e/test_unknown_outcomes.py`.
+
+The rule under test (RFC §3.4, DESIGN.md §1): a call whose reply is lost may have landed. Its outcome is
+unknown: it keeps the resource and the capacity, nothing is cleaned or reclaimed on the strength of it,
+and it is resolved only by the same call under the same key.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
+from versioned_lora.lifecycle import VersionKey
+from versioned_lora.runtime.interfaces import RegistryUnavailable
+from versioned_lora.runtime.publisher import (
+    Deadlines,
+    Publisher,
+    PublisherRefusal,
+    PublishStatus,
+    ReadyReceipt,
+    Reclaimer,
+    ReclaimStatus,
+)
+from versioned_lora.runtime.session_binder import SessionBinder
+from versioned_lora.spec.identities import lora_name
+from versioned_lora.spec.states import VersionState
+
+ENGINES = ("E0", "E1")
+
+
+@attrs.frozen
+class FakeCandidate:
+    lora_name: str
+    digest: str
+    bucket_count: int = 2
+
+
+def candidate(label: str) -> tuple[VersionKey, FakeCandidate]:
+    version = VersionKey(0, label)
+    digest = (label.encode().hex() * 64)[:64]
+    return version, FakeCandidate(lora_name(version, digest), digest)
+
+
+class RecordingEngine:
+    """Accepts every staging call and records it; `end` answers READY in incarnation 0."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.calls: list[tuple[str, str]] = []
+
+    async def incarnation(self) -> int:
+        return 0
+
+    async def begin(self, candidate: Any, attempt_token: str) -> None:
+        self.calls.append(("begin", candidate.lora_name))
+
+    async def transfer_bucket(self, candidate: Any, attempt_token: str, index: int) -> None:
+        self.calls.append(("bucket", candidate.lora_name))
+
+    async def end(self, candidate: Any, attempt_token: str) -> ReadyReceipt:
+        self.calls.append(("end", candidate.lora_name))
+        return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, 0, 7, -1.0)
+
+    async def cleanup(self, lora_name: str, attempt_token: str) -> None:
+        self.calls.append(("cleanup", lora_name))
+
+    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool:
+        self.calls.append(("reclaim", lora_name))
+        return True
+
+    def destructive(self) -> list[tuple[str, str]]:
+        return [call for call in self.calls if call[0] in ("cleanup", "reclaim")]
+
+
+class LosesReplies:
+    """A registry port that applies every call but loses the reply to calls whose key starts with
+    `prefix` until `until` (monotonic seconds), as a registry unreachable for that long would."""
+
+    def __init__(self, inner: LocalRegistry, prefix: str, lose_for_s: float) -> None:
+        self.inner = inner
+        self.prefix = prefix
+        self.until = time.monotonic() + lose_for_s
+        self.lost: list[str] = []
+        self.applied_before_loss: list[bool] = []
+
+    async def submit(self, event: Any, key: str | None = None) -> Any:
+        answer = await self.inner.submit(event, key=key)
+        if key is not None and key.startswith(self.prefix) and time.monotonic() < self.until:
+            self.lost.append(key)
+            # The request landed, only its reply is lost: the journal holds the key.
+            self.applied_before_loss.append(self.inner.core.journal_has(key))
+            raise RegistryUnavailable(f"injected: reply to {key} lost")
+        return answer
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+def deployment(tmp_path: Path) -> tuple[LocalRegistry, dict[str, RecordingEngine]]:
+    registry = LocalRegistry(RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES))
+    return registry, {name: RecordingEngine(name) for name in ENGINES}
+
+
+def publisher(registry: Any, engines: dict[str, RecordingEngine], **deadlines: float) -> Publisher:
+    return Publisher(registry, engines, lambda *_: True, Deadlines(**deadlines))
+
+
+def test_injected_lost_commit_reply_past_its_deadline_keeps_the_committed_default(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version, a = candidate("A")
+        lossy = LosesReplies(registry, "commit:", lose_for_s=1.5)
+        pub = publisher(lossy, engines, commit=0.3)
+
+        outcome = await pub.publish(a_version, a)
+        assert (outcome.status, outcome.reason) == (PublishStatus.UNKNOWN, "COMMIT_OUTCOME_UNKNOWN")
+        assert lossy.lost and all(lossy.applied_before_loss)  # the commit landed before the deadline fired
+        view = await registry.publication_view()
+        assert view.default == a_version and view.versions[a_version].state is VersionState.PUBLISHED
+        assert pub.commit_unresolved
+        # A second publication is refused by the publisher itself until the commit's outcome is known.
+        b_version, b = candidate("B")
+        refused = await pub.publish(b_version, b)
+        assert (refused.status, refused.reason) == (PublishStatus.REJECTED, PublisherRefusal.COMMIT_UNRESOLVED)
+        assert b_version not in (await registry.publication_view()).versions
+
+        resolved = await pub.resolve()  # the same commit key, retried until answered (from the journal)
+        assert resolved is not None and resolved.committed and resolved.default_revision == 1
+        assert not pub.commit_unresolved
+        assert all(engine.destructive() == [] for engine in engines.values())  # nothing cleaned or unloaded
+        assert (await registry.publication_view()).default_revision == 1  # applied exactly once
+        assert (await pub.publish(b_version, b)).committed
+
+    asyncio.run(body())
+
+
+def test_injected_commit_survives_the_callers_cancellation(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version, a = candidate("A")
+        lossy = LosesReplies(registry, "commit:", lose_for_s=1.0)
+        pub = publisher(lossy, engines, commit=30.0)
+        task = asyncio.create_task(pub.publish(a_version, a))
+        while not lossy.lost:
+            await asyncio.sleep(0.01)
+        task.cancel()  # the caller gives up while the commit's reply is lost
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        resolved = await pub.resolve()
+        assert resolved is not None and resolved.committed
+        assert all(engine.destructive() == [] for engine in engines.values())
+
+    asyncio.run(body())
+
+
+def test_injected_lost_abort_reply_cleans_nothing_until_the_same_abort_is_answered(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version, a = candidate("A")
+        engines["E1"].end = _refuse_end  # type: ignore[method-assign]  # a certain failure before commit
+        lossy = LosesReplies(registry, "abort:", lose_for_s=1.0)
+        pub = publisher(lossy, engines, commit=0.3)
+        outcome = await pub.publish(a_version, a)
+        assert outcome.status is PublishStatus.UNKNOWN
+        assert lossy.lost and all(lossy.applied_before_loss)
+        assert (await registry.publication_view()).versions[a_version].state is VersionState.ABORTED
+        assert all(engine.destructive() == [] for engine in engines.values())  # no cleanup on a lost answer
+
+        await asyncio.sleep(1.0)
+        recovered = await pub.recover()  # the same abort key, answered from the journal with its cleanups
+        assert [o.status for o in recovered] == [PublishStatus.FAILED_CLEAN]
+        assert all(engine.destructive() == [("cleanup", a.lora_name)] for engine in engines.values())
+
+    asyncio.run(body())
+
+
+async def _refuse_end(candidate: Any, attempt_token: str) -> ReadyReceipt:
+    from versioned_lora.runtime.publisher import EngineRefused
+
+    raise EngineRefused("MANIFEST_MISMATCH", "injected")
+
+
+def test_injected_refused_abort_after_a_landed_commit_cleans_nothing(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version, a = candidate("A")
+        pub = publisher(registry, engines)
+        outcome = await pub.publish(a_version, a)
+        assert outcome.committed
+        # A stray abort of the committed attempt (a confused caller, a replayed message): abort.after_commit.
+        status = await pub.abort_and_clean(a_version, outcome.attempt_token or "", {})
+        assert status is PublishStatus.UNKNOWN
+        assert all(engine.destructive() == [] for engine in engines.values())
+        assert (await registry.publication_view()).default == a_version
+
+    asyncio.run(body())
+
+
+async def _published_and_retired(registry: LocalRegistry, engines: dict[str, RecordingEngine]) -> VersionKey:
+    pub = publisher(registry, engines)
+    a_version, a = candidate("A")
+    b_version, b = candidate("B")
+    assert (await pub.publish(a_version, a)).committed
+    assert (await pub.publish(b_version, b)).committed
+    return a_version
+
+
+def test_injected_lost_claim_reply_reclaims_nothing_until_the_same_claim_is_answered(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version = await _published_and_retired(registry, engines)
+        lossy = LosesReplies(registry, "claim:", lose_for_s=1.0)
+        reclaimer = Reclaimer(lossy, engines, Deadlines(commit=0.3))
+        outcome = await reclaimer.reclaim(a_version)
+        assert (outcome.status, outcome.reason) == (ReclaimStatus.UNKNOWN, "CLAIM_OUTCOME_UNKNOWN")
+        assert lossy.lost and all(lossy.applied_before_loss)
+        assert (await registry.publication_view()).versions[a_version].state is VersionState.RECLAIMING
+        assert all(engine.destructive() == [] for engine in engines.values())
+
+        await asyncio.sleep(1.0)
+        done = await reclaimer.reclaim(a_version)
+        assert done.status is ReclaimStatus.RECLAIMED and set(done.confirmed) == set(ENGINES)
+        name = (await registry.publication_view()).versions[a_version].lora_name
+        assert all(engine.destructive() == [("reclaim", name)] for engine in engines.values())
+
+    asyncio.run(body())
+
+
+def test_injected_lost_confirm_replies_are_resolved_by_the_same_confirms(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version = await _published_and_retired(registry, engines)
+        lossy = LosesReplies(registry, "confirm:", lose_for_s=1.0)
+        reclaimer = Reclaimer(lossy, engines, Deadlines(commit=0.3))
+        outcome = await reclaimer.reclaim(a_version)
+        # The confirms landed, only their replies were lost: no engine counts as confirmed by this call,
+        # and the status is the registry's own (read afterwards), not a guess from the lost replies.
+        assert set(lossy.lost) == {f"confirm:{outcome.reclaim_id}:{e}" for e in ENGINES}
+        assert all(lossy.applied_before_loss)
+        assert (outcome.status, outcome.confirmed) == (ReclaimStatus.RECLAIMED, ())
+        await asyncio.sleep(1.0)
+        again = await reclaimer.reclaim(a_version)
+        assert again.status is ReclaimStatus.RECLAIMED and set(again.confirmed) == set(ENGINES)
+
+    asyncio.run(body())
+
+
+def test_injected_lost_bind_and_close_replies_are_resolved_by_the_same_keys(tmp_path: Path) -> None:
+    """A lost `bind_first` reply: the binding is unknown, nothing is dispatched, and the retry (same key)
+    returns the same version with one session ref. Lost `begin_close`/`close` replies: the retried
+    `finish` reuses its keys, so the ref is released exactly once."""
+
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        pub = publisher(registry, engines)
+        a_version, a = candidate("A")
+        assert (await pub.publish(a_version, a)).committed
+        lossy = LosesReplies(registry, "bind:", lose_for_s=0.5)
+        binder = SessionBinder(lossy, backend=None, epoch=0, shard=0)  # type: ignore[arg-type]  # no generation here
+        key = binder.open("s1")
+        with pytest.raises(RegistryUnavailable):
+            await binder.bind_first(key)
+        assert binder.record(key).binding is None  # type: ignore[union-attr]  # unknown: nothing to dispatch with
+        assert registry.core.state().session_refs.get(a_version) == 1  # it did land
+        await asyncio.sleep(0.5)
+        binding = await binder.bind_first(key)
+        assert binding.version == a_version and registry.core.state().session_refs.get(a_version) == 1
+
+        for prefix in ("bclose:", "close:"):
+            other = binder.open(f"s-{prefix}")
+            await binder.bind_first(other)
+            lossy.prefix, lossy.until = prefix, time.monotonic() + 0.5
+            with pytest.raises(RegistryUnavailable):
+                await binder.finish(other)
+            await asyncio.sleep(0.5)
+            refs = registry.core.state().session_refs.get(a_version, 0)
+            assert refs == (2 if prefix == "bclose:" else 1)  # a lost close reply: the close itself landed
+            report = await binder.finish(other)  # the same keys: after a lost close, answered from the journal
+            assert report.released and registry.core.state().session_refs.get(a_version) == 1
+        report = await binder.finish(key)
+        assert report.released and registry.core.state().session_refs.get(a_version, 0) == 0
+
+    asyncio.run(body())
