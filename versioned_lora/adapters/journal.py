@@ -61,6 +61,27 @@ class JournalConfigMismatch(Exception):
     """The journal was written for another registry configuration (engines, capacity, epoch)."""
 
 
+# The journal's format: how its rows encode events and answers. 1: every journal written before the format
+# was recorded (up to commit a4d62f3), which has no `format` row; 2: the same encoding, with the row. A journal
+# of another format is refused, never guessed at (docs/integration.md, "Upgrading").
+FORMAT_VERSION = 2
+READABLE_FORMATS = frozenset({1, 2})
+UPGRADE_PATH = (
+    "finish the deployment epoch on the code that wrote it, or start a new epoch (a fresh journal) on this "
+    "code; see docs/integration.md, 'Upgrading'"
+)
+
+
+class JournalFormatUnsupported(Exception):
+    """The journal was written in a format this code cannot replay."""
+
+    def __init__(self, path: Path, found: int) -> None:
+        super().__init__(f"{path} has journal format {found}; this code reads {sorted(READABLE_FORMATS)}: "
+                         f"{UPGRADE_PATH}")
+        self.path = path
+        self.found = found
+
+
 # ---- tagged JSON codec ----------------------------------------------------------------------------------------
 
 # Every value type that can occur in an event, result, effect or state, by class name.
@@ -274,6 +295,22 @@ class Journal:
         self._wal_checkpointer = _WalCheckpointer(self.path)
         # Recovery uses the latest stored checkpoint; any part below it is stale.
         self._stale_parts_below: int | None = self._db.execute("SELECT MAX(seq) FROM checkpoints").fetchone()[0]
+        self.format = self._check_format()
+
+    def _check_format(self) -> int:
+        row = self._db.execute("SELECT v FROM meta WHERE k='format'").fetchone()
+        if row is None:
+            written = self._db.execute("SELECT EXISTS (SELECT 1 FROM calls)").fetchone()[0]
+            if written:
+                return 1  # written before the format was recorded; read as it is, never rewritten
+            self._db.execute("INSERT INTO meta (k, v) VALUES ('format', ?)", (str(FORMAT_VERSION),))
+            return FORMAT_VERSION
+        found = int(row[0])
+        if found not in READABLE_FORMATS:
+            self._wal_checkpointer.close()
+            self._db.close()
+            raise JournalFormatUnsupported(self.path, found)
+        return found
 
     def close(self) -> None:
         self._wal_checkpointer.close()

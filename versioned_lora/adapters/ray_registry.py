@@ -197,6 +197,10 @@ class RegistryCore:
     def state_digest(self) -> str:
         return state_digest(self._state)
 
+    @property
+    def journal_format(self) -> int:
+        return self._journal.format
+
     def journal_has(self, key: str) -> bool:
         """Read-only: whether a call under `key` is durable in the journal (tests show a lost reply's
         request landed)."""
