@@ -10,8 +10,8 @@ from engine_helpers import PROMPT, TEST_TOKEN
 
 from versioned_lora.adapters.reference_forward import ReferenceModel
 from versioned_lora.demo.stack import Stack
+from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.interfaces import BackendRequest
-from versioned_lora.runtime.publisher import Deadlines
 
 _reference: ReferenceModel | None = None
 

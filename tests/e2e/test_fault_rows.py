@@ -22,8 +22,8 @@ from test_publication_e2e import deployed
 
 from versioned_lora.lifecycle import RecordReady, Reserve
 from versioned_lora.lifecycle.results import Rejected
+from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.interfaces import RegistryUnavailable
-from versioned_lora.runtime.publisher import Deadlines
 from versioned_lora.spec.states import VersionState
 
 

@@ -17,8 +17,10 @@ import pytest
 from engine_helpers import PROMPT, run
 from test_publication_e2e import deployed
 
+from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.interfaces import RegistryUnavailable
-from versioned_lora.runtime.publisher import Deadlines, PublisherRefusal, PublishStatus, ReclaimStatus
+from versioned_lora.runtime.publisher import PublisherRefusal, PublishStatus
+from versioned_lora.runtime.reclaimer import ReclaimStatus
 from versioned_lora.spec.states import VersionState
 
 LOSS_S = 3.0  # replies are lost this long: longer than every deadline below

@@ -20,16 +20,10 @@ import pytest
 
 from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
 from versioned_lora.lifecycle import VersionKey
-from versioned_lora.runtime.interfaces import RegistryUnavailable
-from versioned_lora.runtime.publisher import (
-    Deadlines,
-    Publisher,
-    PublisherRefusal,
-    PublishStatus,
-    ReadyReceipt,
-    Reclaimer,
-    ReclaimStatus,
-)
+from versioned_lora.runtime.deadlines import Deadlines
+from versioned_lora.runtime.interfaces import EngineRefused, ReadyReceipt, RegistryUnavailable
+from versioned_lora.runtime.publisher import Publisher, PublisherRefusal, PublishStatus
+from versioned_lora.runtime.reclaimer import Reclaimer, ReclaimStatus
 from versioned_lora.runtime.session_binder import SessionBinder
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.states import VersionState
@@ -186,8 +180,6 @@ def test_injected_lost_abort_reply_cleans_nothing_until_the_same_abort_is_answer
 
 
 async def _refuse_end(candidate: Any, attempt_token: str) -> ReadyReceipt:
-    from versioned_lora.runtime.publisher import EngineRefused
-
     raise EngineRefused("MANIFEST_MISMATCH", "injected")
 
 
@@ -290,5 +282,18 @@ def test_injected_lost_bind_and_close_replies_are_resolved_by_the_same_keys(tmp_
             assert report.released and registry.core.state().session_refs.get(a_version) == 1
         report = await binder.finish(key)
         assert report.released and registry.core.state().session_refs.get(a_version, 0) == 0
+
+    asyncio.run(body())
+
+
+def test_a_candidate_whose_name_is_not_its_versions_is_refused_before_reserve(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version, a = candidate("A")
+        wrong = attrs.evolve(a, lora_name=a.lora_name.replace("-A-", "-B-"))
+        refused = await publisher(registry, engines).publish(a_version, wrong)
+        assert (refused.status, refused.reason) == (PublishStatus.REJECTED, PublisherRefusal.NAME_MISMATCH)
+        assert (await registry.publication_view()).versions == {}  # nothing reserved
+        assert all(engine.calls == [] for engine in engines.values())
 
     asyncio.run(body())

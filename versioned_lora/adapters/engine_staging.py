@@ -13,7 +13,7 @@ import httpx
 
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient, UnknownOutcome
-from versioned_lora.runtime.publisher import EngineRefused, EngineUnreachable, ReadyReceipt
+from versioned_lora.runtime.interfaces import EngineRefused, EngineUnreachable, ReadyReceipt
 
 T = TypeVar("T")
 

@@ -36,8 +36,9 @@ class ReferenceModel:
 
         self._torch = torch
         self._dtype = dtype or torch.bfloat16
-        self._base = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self._dtype)
-        self._base.eval()
+        base: Any = AutoModelForCausalLM.from_pretrained(str(model_dir), dtype=self._dtype)
+        base.eval()  # transformers' eval() is untyped: called through Any
+        self._base = base
 
     def first_token(self, snapshot: Any, input_ids: Sequence[int]) -> ProbeReference:
         return self.logprobs(snapshot, input_ids, positions=1)[0]
@@ -86,7 +87,7 @@ class ReferenceModel:
         config = LoraConfig(**{k: v for k, v in snapshot.adapter_config().items() if k in _LORA_CONFIG_KEYS})
         model = get_peft_model(self._base, config)
         state = {name: tensor.to(self._dtype) for name, tensor in snapshot.to_peft_state().items()}
-        result = set_peft_model_state_dict(model, state)
+        result: Any = set_peft_model_state_dict(model, state)  # peft's namedtuple (typed loosely upstream)
         if result.unexpected_keys:
             raise ValueError(f"adapter tensors the model does not have: {result.unexpected_keys[:5]}")
         model.eval()

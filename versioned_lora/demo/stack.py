@@ -24,8 +24,10 @@ from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.lifecycle import VersionKey
+from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.interfaces import BackendRequest
-from versioned_lora.runtime.publisher import Deadlines, Publisher, Reclaimer
+from versioned_lora.runtime.publisher import Publisher
+from versioned_lora.runtime.reclaimer import Reclaimer
 from versioned_lora.runtime.session_binder import SessionBinder
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.identities import lora_name

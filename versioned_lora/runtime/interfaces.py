@@ -6,12 +6,14 @@ adapters implement. Imports point toward the core: this module imports `lifecycl
   registry restart is answered from the registry's journal, never applied twice.
 * `GenerationBackend`: the engine-facing generate/abort call (SGLang over HTTP in production). It must
   never resend on its own: a lost reply is `OutcomeUnknown`, a certain refusal is `BackendFailure`.
+* `StagingEnginePort`: one engine's managed staging and reclaim calls, as the Publisher and the
+  Reclaimer drive them: a lost reply is `EngineUnreachable`, a typed refusal `EngineRefused`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from collections.abc import Callable, Collection, Mapping, Sequence
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 import attrs
 
@@ -133,3 +135,67 @@ class GenerationBackend(Protocol):
     async def abort(self, rid: str) -> None:
         """Ask the engine to end `rid` (a no-op for a finished or unknown rid)."""
         ...
+
+
+# ---- the engine's staging port (Publisher, Reclaimer) ----
+
+CandidateT_contra = TypeVar("CandidateT_contra", contravariant=True)
+
+
+class CandidatePort(Protocol):
+    """One version as shipped: the adapters' `Candidate` (name, frozen snapshot, bucket plan)."""
+
+    @property
+    def lora_name(self) -> str: ...
+
+    @property
+    def digest(self) -> str: ...
+
+    @property
+    def bucket_count(self) -> int: ...
+
+
+@attrs.frozen
+class ReadyReceipt:
+    """What an engine's `end` answered: READY_LOCAL plus the probe."""
+
+    lora_name: str
+    digest: str
+    attempt_token: str
+    incarnation: int
+    probe_token: int
+    probe_logprob: float
+
+
+class EngineUnreachable(Exception):
+    """The engine did not answer (lost reply, dead process): the outcome is unknown."""
+
+
+class EngineRefused(Exception):
+    """The engine certainly refused (a typed error): nothing changed there."""
+
+    def __init__(self, reason: str, message: str) -> None:
+        super().__init__(f"{reason}: {message}")
+        self.reason = reason
+
+
+class StagingEnginePort(Protocol[CandidateT_contra]):
+    """One engine as the Publisher and the Reclaimer see it (implemented by `adapters.engine_staging`),
+    generic in the candidate type it ships (the adapters' `Candidate`)."""
+
+    name: str
+
+    async def incarnation(self) -> int: ...
+
+    async def begin(self, candidate: CandidateT_contra, attempt_token: str) -> None: ...
+
+    async def transfer_bucket(self, candidate: CandidateT_contra, attempt_token: str, index: int) -> None: ...
+
+    async def end(self, candidate: CandidateT_contra, attempt_token: str) -> ReadyReceipt: ...
+
+    async def cleanup(self, lora_name: str, attempt_token: str) -> None: ...
+
+    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool: ...
+
+
+ProbeCheck = Callable[[Any, int, float], bool]  # (candidate, probe token, probe logprob) -> matches

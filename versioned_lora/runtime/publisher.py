@@ -1,5 +1,5 @@
 """Publisher: snapshot → reserve → begin on all engines → buckets → end (probe checked) → record ready
-→ commit (RFC §3). Reclaimer: claim → reclaim on all engines → confirm each → RECLAIMED (RFC §5).
+→ commit (RFC §3). The Reclaimer is `runtime.reclaimer`; the ports both drive are in `runtime.interfaces`.
 
 The registry decides; this module only carries out the effects the registry answers and reports
 outcomes back, each report under an idempotency key derived from the attempt, so a retry after a
@@ -28,15 +28,13 @@ import time
 import uuid
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from enum import StrEnum
-from typing import Any, Protocol, TypeVar
+from typing import Any, TypeVar
 
 import attrs
 
 from versioned_lora.lifecycle import (
     Abort,
-    ClaimReclaim,
     Commit,
-    ConfirmReclaim,
     EngineRestarted,
     RecordCleaned,
     RecordPrepared,
@@ -46,107 +44,29 @@ from versioned_lora.lifecycle import (
     Reserve,
     VersionKey,
 )
-from versioned_lora.lifecycle.effects import CleanupOnEngine, ReclaimOnEngine, StageOnEngine
-from versioned_lora.runtime.interfaces import RegistryPort, RegistryUnavailable
+from versioned_lora.lifecycle.effects import CleanupOnEngine, StageOnEngine
+from versioned_lora.runtime.deadlines import Deadlines, PhaseDeadlineMissed, submit_until_known
+from versioned_lora.runtime.interfaces import (
+    CandidatePort,
+    EngineRefused,
+    EngineUnreachable,
+    ProbeCheck,
+    RegistryPort,
+    RegistryUnavailable,
+    StagingEnginePort,
+)
+from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.states import PlacementState, VersionState
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
-# ---------------------------------------------------------------- ports
+# ---------------------------------------------------------------- outcomes
 
 
-class CandidatePort(Protocol):
-    """One version as shipped: the adapters' `Candidate` (name, frozen snapshot, bucket plan)."""
-
-    @property
-    def lora_name(self) -> str: ...
-
-    @property
-    def digest(self) -> str: ...
-
-    @property
-    def bucket_count(self) -> int: ...
-
-
-@attrs.frozen
-class ReadyReceipt:
-    """What an engine's `end` answered: READY_LOCAL plus the probe."""
-
-    lora_name: str
-    digest: str
-    attempt_token: str
-    incarnation: int
-    probe_token: int
-    probe_logprob: float
-
-
-class EngineUnreachable(Exception):
-    """The engine did not answer (lost reply, dead process): the outcome is unknown."""
-
-
-class EngineRefused(Exception):
-    """The engine certainly refused (a typed error): nothing changed there."""
-
-    def __init__(self, reason: str, message: str) -> None:
-        super().__init__(f"{reason}: {message}")
-        self.reason = reason
-
-
-class StagingEnginePort(Protocol):
-    """One engine as the publisher sees it (implemented by `adapters.engine_staging`)."""
-
-    name: str
-
-    async def incarnation(self) -> int: ...
-
-    async def begin(self, candidate: CandidatePort, attempt_token: str) -> None: ...
-
-    async def transfer_bucket(self, candidate: CandidatePort, attempt_token: str, index: int) -> None: ...
-
-    async def end(self, candidate: CandidatePort, attempt_token: str) -> ReadyReceipt: ...
-
-    async def cleanup(self, lora_name: str, attempt_token: str) -> None: ...
-
-    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool: ...
-
-
-ProbeCheck = Callable[[CandidatePort, int, float], bool]
-
-
-# ---------------------------------------------------------------- configuration and outcomes
-
-
-@attrs.frozen
-class Deadlines:
-    """Seconds. Fixed before a run (RFC §7.3); `max_no_progress_s` bounds the time between two
-    completed steps of one publication, whatever phase it is in."""
-
-    reserve: float = 10.0
-    begin: float = 30.0
-    bucket: float = 30.0
-    end: float = 120.0
-    commit: float = 10.0
-    cleanup: float = 60.0
-    reclaim: float = 600.0
-    max_no_progress: float = 120.0
-
-
-class PhaseDeadlineMissed(Exception):
-    def __init__(self, phase: str, seconds: float) -> None:
-        super().__init__(f"phase {phase} missed its {seconds:.1f}s deadline")
-        self.phase = phase
-
-
-class OutcomeUnknown(Exception):
-    """A registry call that may have landed got no answer within its deadline (lost reply, registry
-    unreachable). Never treated as a refusal: the caller keeps the resource and retries the same key."""
-
-    def __init__(self, call: str, key: str, cause: BaseException) -> None:
-        super().__init__(f"{call} outcome unknown (key {key!r}): {cause}")
-        self.call = call
-        self.key = key
+class NameMismatch(Exception):
+    """The registry reserved another lora_name than the candidate carries: nothing is staged under it."""
 
 
 class PublishStatus(StrEnum):
@@ -166,6 +86,9 @@ class PublisherRefusal(StrEnum):
     """Refusals decided by the publisher itself, before any call reaches the registry."""
 
     COMMIT_UNRESOLVED = "COMMIT_UNRESOLVED"  # a previous commit's outcome is not known yet (RFC §3.4)
+    # The candidate's lora_name is not the one its version and digest name (spec.identities.lora_name),
+    # or not the one the registry reserved: requests would carry a name the registry does not serve.
+    NAME_MISMATCH = "NAME_MISMATCH"
 
 
 @attrs.frozen
@@ -185,23 +108,6 @@ class PublishOutcome:
         return self.status is PublishStatus.COMMITTED
 
 
-class ReclaimStatus(StrEnum):
-    RECLAIMED = "RECLAIMED"  # every engine confirmed: the slot is free
-    REJECTED = "REJECTED"  # the registry refused the claim (`reason`, e.g. NOT_RECLAIMABLE): nothing was unloaded
-    PENDING = "PENDING"  # claimed; some engine has not confirmed yet (reclaim again to finish)
-    UNKNOWN = "UNKNOWN"  # the claim's reply was lost past its deadline: nothing was sent to any engine
-
-
-@attrs.frozen
-class ReclaimOutcome:
-    status: ReclaimStatus
-    version: VersionKey
-    reclaim_id: str | None = None
-    confirmed: tuple[str, ...] = ()
-    seconds: float = 0.0
-    reason: str | None = None
-
-
 # ---------------------------------------------------------------- publisher
 
 
@@ -209,7 +115,7 @@ class Publisher:
     def __init__(
         self,
         registry: RegistryPort,
-        engines: Mapping[str, StagingEnginePort],
+        engines: Mapping[str, StagingEnginePort[Any]],
         probe_check: ProbeCheck,
         deadlines: Deadlines | None = None,
         on_phase: Callable[[str, str, float], None] | None = None,
@@ -248,6 +154,9 @@ class Publisher:
         if self.commit_unresolved:
             return PublishOutcome(PublishStatus.REJECTED, version, reason=PublisherRefusal.COMMIT_UNRESOLVED,
                                   detail="a previous commit's outcome is not known yet; see Publisher.resolve")
+        if candidate.lora_name != lora_name(version, candidate.digest):
+            return PublishOutcome(PublishStatus.REJECTED, version, reason=PublisherRefusal.NAME_MISMATCH,
+                                  detail=f"{candidate.lora_name!r} != {lora_name(version, candidate.digest)!r}")
         phases: dict[str, float] = {}
         self._last_progress = time.monotonic()
         # A fresh key per publish call: the registry itself makes Reserve idempotent per (version, digest)
@@ -270,6 +179,10 @@ class Publisher:
                                   attempt_token=token, phases=phases, version_state=answer.result.state)
         stages = [e for e in answer.effects if isinstance(e, StageOnEngine)]
         try:
+            if answer.result.lora_name != candidate.lora_name or any(s.lora_name != candidate.lora_name
+                                                                    for s in stages):
+                raise NameMismatch(f"registry reserved {answer.result.lora_name!r}, candidate is "
+                                   f"{candidate.lora_name!r}")
             await self._stage(version, candidate, token, stages, phases)
         except Exception as exc:  # not committed: abort, and clean what the abort's answer names
             logger.warning("publication of %s failed before commit: %s; aborting", version, exc)
@@ -297,7 +210,7 @@ class Publisher:
     ) -> None:
         targets = [self.engines[stage.engine] for stage in stages]
 
-        async def begin(engine: StagingEnginePort, stage: StageOnEngine) -> None:
+        async def begin(engine: StagingEnginePort[Any], stage: StageOnEngine) -> None:
             await engine.begin(candidate, token)
             await self._report(RecordPrepared(version, token, engine.name, stage.incarnation, candidate.digest),
                                f"prepared:{token}:{engine.name}:{stage.incarnation}")
@@ -309,7 +222,7 @@ class Publisher:
                 [engine.transfer_bucket(candidate, token, index) for engine in targets]
             ))
 
-        async def end(engine: StagingEnginePort) -> None:
+        async def end(engine: StagingEnginePort[Any]) -> None:
             # Each engine's READY is recorded as soon as it is known (sessions keep binding the old
             # default meanwhile: commit needs READY from every target).
             receipt = await engine.end(candidate, token)
@@ -408,7 +321,7 @@ class Publisher:
                            f"cleaned:{cleanup.attempt_token}:{cleanup.engine}")
 
     @staticmethod
-    async def _clean_when_idle(engine: StagingEnginePort, cleanup: CleanupOnEngine) -> None:
+    async def _clean_when_idle(engine: StagingEnginePort[Any], cleanup: CleanupOnEngine) -> None:
         # A loaded candidate that a request still holds (its own probe, say) answers IN_USE; nothing is
         # unloaded under a request, so wait for it and ask again (bounded by the cleanup deadline).
         while True:
@@ -483,69 +396,3 @@ async def settle_all(calls: Sequence[Awaitable[Any]]) -> list[Any]:
         if isinstance(result, BaseException):
             raise result
     return list(results)
-
-
-async def submit_until_known(registry: RegistryPort, event: Any, key: str, deadline_s: float | None) -> Any:
-    """Submit, and after a lost reply submit again under the same key until the answer is known: the
-    registry answers a replayed key from its journal, so the event is applied at most once. Past
-    `deadline_s` (None: never) the last RegistryUnavailable is raised: the outcome is unknown."""
-    deadline = None if deadline_s is None else time.monotonic() + deadline_s
-    backoff = 0.05
-    while True:
-        try:
-            return await registry.submit(event, key=key)
-        except RegistryUnavailable:
-            if deadline is not None and time.monotonic() > deadline:
-                raise
-            await asyncio.sleep(backoff)
-            backoff = min(backoff * 2, 1.0)
-
-
-# ---------------------------------------------------------------- reclaimer
-
-
-class Reclaimer:
-    def __init__(self, registry: RegistryPort, engines: Mapping[str, StagingEnginePort],
-                 deadlines: Deadlines | None = None) -> None:
-        self.registry = registry
-        self.engines = dict(engines)
-        self.deadlines = deadlines or Deadlines()
-
-    async def reclaim(self, version: VersionKey) -> ReclaimOutcome:
-        """Claim, then reclaim on exactly the engines the claim's answer names, confirming each. Calling it
-        again for the same version retries the same claim key: answered from the journal, it names the
-        same engines and reclaim id (engine unloads are idempotent per reclaim id)."""
-        started = time.monotonic()
-        key = f"claim:{version.epoch}:{version.version_id}"
-        try:
-            answer = await submit_until_known(self.registry, ClaimReclaim(version), key, self.deadlines.commit)
-        except RegistryUnavailable:
-            # The claim may have landed: nothing is sent to any engine on the strength of it.
-            return ReclaimOutcome(ReclaimStatus.UNKNOWN, version, seconds=time.monotonic() - started,
-                                  reason="CLAIM_OUTCOME_UNKNOWN")
-        if isinstance(answer.result, Rejected):
-            return ReclaimOutcome(ReclaimStatus.REJECTED, version, reason=str(answer.result.reason),
-                                  seconds=time.monotonic() - started)
-        reclaim_id = answer.result.reclaim_id
-        orders = [e for e in answer.effects if isinstance(e, ReclaimOnEngine)]
-        done = await asyncio.gather(*(self._reclaim_one(order) for order in orders), return_exceptions=True)
-        confirmed = tuple(order.engine for order, ok in zip(orders, done, strict=True) if ok is True)
-        try:
-            state = (await self.registry.version_states([version])).get(version)
-        except RegistryUnavailable:
-            state = None
-        status = ReclaimStatus.RECLAIMED if state is VersionState.RECLAIMED else ReclaimStatus.PENDING
-        return ReclaimOutcome(status, version, reclaim_id, confirmed, time.monotonic() - started)
-
-    async def _reclaim_one(self, order: ReclaimOnEngine) -> bool:
-        engine = self.engines[order.engine]
-        # The engine unregisters at once, waits for SGLang's native refcount, unloads once; we poll the
-        # same idempotent call (same reclaim id) until it reports UNLOADED.
-        deadline = time.monotonic() + self.deadlines.reclaim
-        while not await engine.reclaim(order.lora_name, order.reclaim_id, wait_s=5.0):
-            if time.monotonic() > deadline:
-                raise PhaseDeadlineMissed("reclaim", self.deadlines.reclaim)
-        await submit_until_known(self.registry, ConfirmReclaim(order.version, order.engine, order.reclaim_id),
-                                 f"confirm:{order.reclaim_id}:{order.engine}", self.deadlines.commit)
-        return True
-

@@ -1,0 +1,49 @@
+"""Deadlines of a publication's and a reclaim's phases (RFC §7.3), and the retry of one registry call under
+its idempotency key until its answer is known or its deadline passed."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import attrs
+
+from versioned_lora.runtime.interfaces import RegistryPort, RegistryUnavailable
+
+
+@attrs.frozen
+class Deadlines:
+    """Seconds. Fixed before a run (RFC §7.3); `max_no_progress_s` bounds the time between two
+    completed steps of one publication, whatever phase it is in."""
+
+    reserve: float = 10.0
+    begin: float = 30.0
+    bucket: float = 30.0
+    end: float = 120.0
+    commit: float = 10.0
+    cleanup: float = 60.0
+    reclaim: float = 600.0
+    max_no_progress: float = 120.0
+
+
+class PhaseDeadlineMissed(Exception):
+    def __init__(self, phase: str, seconds: float) -> None:
+        super().__init__(f"phase {phase} missed its {seconds:.1f}s deadline")
+        self.phase = phase
+
+
+async def submit_until_known(registry: RegistryPort, event: Any, key: str, deadline_s: float | None) -> Any:
+    """Submit, and after a lost reply submit again under the same key until the answer is known: the
+    registry answers a replayed key from its journal, so the event is applied at most once. Past
+    `deadline_s` (None: never) the last RegistryUnavailable is raised: the outcome is unknown."""
+    deadline = None if deadline_s is None else time.monotonic() + deadline_s
+    backoff = 0.05
+    while True:
+        try:
+            return await registry.submit(event, key=key)
+        except RegistryUnavailable:
+            if deadline is not None and time.monotonic() > deadline:
+                raise
+            await asyncio.sleep(backoff)
+            backoff = min(backoff * 2, 1.0)
