@@ -143,6 +143,35 @@ class Snapshot:
         return target
 
 
+# What an engine's LoRA loader takes (the managed `begin` refuses other dtypes as UNSUPPORTED_ADAPTER).
+SNAPSHOT_DTYPES = ("float32", "bfloat16", "float16")
+
+
+def _check_tensors(tensors: Mapping[str, torch.Tensor], serving_config: Mapping[str, Any]) -> None:
+    """Refuse, naming the tensor, what no engine should be sent (issue 19): no tensors at all, a dtype the
+    loader does not take, a non-finite value (NaN/Inf pass every byte hash and reach the probe), and a LoRA
+    matrix whose rank is not the serving config's (`r`, or a value of its `rank_pattern`)."""
+    import torch
+
+    if not tensors:
+        raise SnapshotError("the adapter holds no tensors")
+    ranks = {int(serving_config["r"]), *(int(v) for v in (serving_config.get("rank_pattern") or {}).values())}
+    for name, tensor in tensors.items():
+        dtype = str(tensor.dtype).removeprefix("torch.")
+        if dtype not in SNAPSHOT_DTYPES:
+            raise SnapshotError(f"tensor {name!r} has dtype {dtype}; published LoRA tensors are {SNAPSHOT_DTYPES}")
+        if not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise SnapshotError(f"tensor {name!r} holds {bad} non-finite values (NaN or Inf)")
+        matrix = name.endswith(".lora_A.weight") or name.endswith(".lora_B.weight")
+        if matrix and tensor.dim() != 2:
+            raise SnapshotError(f"tensor {name!r} has shape {tuple(tensor.shape)}; a LoRA matrix is 2-D")
+        rank = tensor.shape[0] if name.endswith(".lora_A.weight") else tensor.shape[1] if matrix else None
+        if rank is not None and rank not in ranks:
+            raise SnapshotError(f"tensor {name!r} has shape {tuple(tensor.shape)}: rank {rank}, but the serving "
+                                f"config's rank is {sorted(ranks)}")
+
+
 def _storage_ptrs(tensors: Iterable[torch.Tensor]) -> set[int]:
     # Empty tensors may all report data_ptr 0; they hold no bytes to share, so they are left out.
     return {t.untyped_storage().data_ptr() for t in tensors if t.untyped_storage().nbytes() > 0}
@@ -163,6 +192,7 @@ def _freeze(
             raise SnapshotError(f"{name!r} is a {type(tensor).__name__}, not a tensor")
         # copy=True forces fresh storage even for a CPU tensor already of the right dtype.
         copies[name] = tensor.detach().to(device="cpu", dtype=dtype or tensor.dtype, copy=True).contiguous()
+    _check_tensors(copies, serving_config)
     live_ptrs = _storage_ptrs(live) | _storage_ptrs(tensors.values())
     copy_ptrs = [c.untyped_storage().data_ptr() for c in copies.values() if c.untyped_storage().nbytes() > 0]
     if live_ptrs & set(copy_ptrs) or len(set(copy_ptrs)) != len(copy_ptrs):
