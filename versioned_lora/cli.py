@@ -1,7 +1,8 @@
 """``versioned-lora``: command-line entry points.
 
 - ``versioned-lora engine --port P --model DIR``: one SGLang engine with the versioned-lora patches.
-- ``versioned-lora fixtures``: build (or find in the cache) the tiny Qwen3 and adapters A, B, C.
+- ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
+  (``tiny``, the default, or ``qwen3-0.6b-shape``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
 """
 
@@ -14,7 +15,7 @@ import time
 from pathlib import Path
 
 from versioned_lora.adapters.engine_process import DEFAULT_PATCHES, EngineConfig, EngineProcess
-from versioned_lora.fixtures import build_fixtures
+from versioned_lora.fixtures import FIXTURE_NAMES, TINY, build_fixtures
 
 
 def _engine(args: argparse.Namespace) -> int:
@@ -49,8 +50,10 @@ def _engine(args: argparse.Namespace) -> int:
     return 0
 
 
-def _fixtures(_: argparse.Namespace) -> int:
-    fixtures = build_fixtures()
+def _fixtures(args: argparse.Namespace) -> int:
+    fixtures = build_fixtures(fixture=args.fixture)
+    print(f"fixture {fixtures.name} (engines: --max-lora-rank {fixtures.lora_rank} "
+          f"--lora-target-modules {' '.join(fixtures.target_modules)})")
     print(f"model   {fixtures.model_dir}")
     for name, path in fixtures.adapters.items():
         print(f"adapter {name} {path}")
@@ -76,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--log", help="log file (default /tmp/versioned_lora_engine_<port>.log)")
     engine.set_defaults(func=_engine)
 
-    fixtures = sub.add_parser("fixtures", help="build the tiny Qwen3 and adapters A, B, C")
+    fixtures = sub.add_parser("fixtures", help="build a fixture Qwen3 and its adapters A, B, C")
+    fixtures.add_argument("--fixture", choices=FIXTURE_NAMES, default=TINY,
+                          help="tiny (default) or qwen3-0.6b-shape (Qwen3-0.6B dimensions; r=64, 7 linear modules)")
     fixtures.set_defaults(func=_fixtures)
 
     demo = sub.add_parser("demo", help="the end-to-end demo on two local CPU engines")

@@ -1,4 +1,9 @@
-"""Deterministic test fixtures: a tiny random Qwen3 and PEFT LoRA adapters A, B, C.
+"""Deterministic test fixtures: a random Qwen3 and PEFT LoRA adapters A, B, C, in two sizes.
+
+- ``tiny`` (the default everywhere): vocab 512, hidden 128, 2 layers; r=8 on q_proj/v_proj.
+- ``qwen3-0.6b-shape``: the real Qwen3-0.6B dimensions (hidden 1024, 28 layers, 16 query and 8 KV heads
+  of 128, MLP 3072, vocab 151,936, tied embeddings) with random weights; r=64 on all seven linear
+  modules (392 tensors, about 80 MB per adapter): the size users publish.
 
 Nothing is downloaded. Every fixture is generated from a spec (dimensions, seeds) and cached on
 disk under a directory named by the SHA-256 of that spec, so a second call is a directory lookup
@@ -44,6 +49,11 @@ class Fixtures:
     model_dir: Path
     adapters: dict[str, Path]
     root: Path
+    # What an engine serving these adapters must be started with (EngineConfig.max_lora_rank and
+    # .lora_target_modules): the adapters' rank and the modules they target.
+    name: str = "tiny"
+    lora_rank: int = LORA_RANK
+    target_modules: tuple[str, ...] = LORA_TARGET_MODULES
 
 
 def cache_root() -> Path:
@@ -129,7 +139,146 @@ def lora_adapter(name: str, model_dir: Path, root: Path | None = None, seed: int
     return _materialise(target, build)
 
 
-def build_fixtures(root: Path | None = None) -> Fixtures:
+# ---- qwen3-0.6b-shape: the real Qwen3-0.6B dimensions, random weights, r=64 LoRA on every linear module.
+
+QWEN3_0_6B: dict[str, Any] = {
+    "vocab_size": 151936,
+    "hidden_size": 1024,
+    "intermediate_size": 3072,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 16,
+    "num_key_value_heads": 8,
+    "head_dim": 128,
+    "max_position_embeddings": 40960,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "tie_word_embeddings": True,
+    "torch_dtype": "bfloat16",
+}
+# How the random weights are drawn (each tensor N(0, std^2) from its own generator, seeded by its name).
+# Logits stay small: SGLang and transformers both round the lm_head's output to bf16, whose step is
+# 2^-6 for |logit| in [2, 4) but 2^-4 in [8, 16): a peaked distribution over 151,936 tokens needs
+# large logits, and then one rounding step alone is over the probe tolerance. The versions separate
+# instead through the adapters, which move the hidden state as much as the base layers do
+# (`lora_strength` 1: |BAx| about |Wx|), so a version's tokens score nats apart under another version.
+QWEN3_0_6B_WEIGHTS: dict[str, float] = {
+    "embedding_std": 0.02,  # tied: the input embedding and the lm_head
+    "linear_std": 0.02,
+    "final_norm": 1.0,  # the weight of the last RMSNorm (the others are 1)
+    "lora_strength": 1.0,  # rms of B(Ax) over rms of Wx, for an input of rms 1
+}
+ALL_LINEAR_MODULES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+FULL_LORA_RANK = 64
+FULL_LORA_ALPHA = 64  # scaling alpha/r = 1
+
+
+def _seeded(seed: int, name: str) -> Any:
+    import torch
+
+    return torch.Generator().manual_seed(int(hashlib.sha256(f"{seed}/{name}".encode()).hexdigest()[:15], 16))
+
+
+def qwen3_0_6b_shape(root: Path | None = None) -> Path:
+    """A Qwen3 checkpoint with Qwen3-0.6B's dimensions and random weights, bf16 (about 1.2 GB)."""
+    spec = {"rev": _GENERATOR_REVISION, "config": QWEN3_0_6B, "weights": QWEN3_0_6B_WEIGHTS, "seed": MODEL_SEED}
+    target = (root or cache_root()) / f"qwen3-0.6b-shape-{_spec_digest(spec)}"
+
+    def build(out: Path) -> None:
+        import torch
+        from safetensors.torch import save_file
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        config = Qwen3Config(**QWEN3_0_6B)
+        with torch.device("meta"):  # names and shapes only; every value is drawn below
+            shapes = {name: tuple(p.shape) for name, p in Qwen3ForCausalLM(config).state_dict().items()}
+        state = {}
+        for name, shape in shapes.items():
+            if name == "lm_head.weight":  # tied to the embedding: not stored
+                continue
+            if name.endswith("norm.weight"):
+                value = QWEN3_0_6B_WEIGHTS["final_norm"] if name == "model.norm.weight" else 1.0
+                tensor = torch.full(shape, value)
+            else:
+                std = QWEN3_0_6B_WEIGHTS["embedding_std" if "embed" in name else "linear_std"]
+                tensor = torch.randn(shape, generator=_seeded(MODEL_SEED, name)) * std
+            state[name] = tensor.to(torch.bfloat16)
+        save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config.save_pretrained(out)
+
+    return _materialise(target, build)
+
+
+def lora_module_shapes(config: dict[str, Any]) -> dict[str, tuple[int, int]]:
+    """(in_features, out_features) of each linear module of a Qwen3 layer."""
+    hidden, mlp = config["hidden_size"], config["intermediate_size"]
+    q_out = config["num_attention_heads"] * config["head_dim"]
+    kv_out = config["num_key_value_heads"] * config["head_dim"]
+    return {"q_proj": (hidden, q_out), "k_proj": (hidden, kv_out), "v_proj": (hidden, kv_out),
+            "o_proj": (q_out, hidden), "gate_proj": (hidden, mlp), "up_proj": (hidden, mlp),
+            "down_proj": (mlp, hidden)}
+
+
+def full_lora_adapter(name: str, model_dir: Path, root: Path | None = None) -> Path:
+    """A PEFT LoRA adapter at r=64 on all seven linear modules of every layer of `model_dir` (a
+    qwen3-0.6b-shape checkpoint), written directly in PEFT's format: 2 tensors per module, 392 in all."""
+    seed = ADAPTER_SEEDS[name]
+    spec = {
+        "rev": _GENERATOR_REVISION,
+        "model": model_dir.name,
+        "seed": seed,
+        "r": FULL_LORA_RANK,
+        "alpha": FULL_LORA_ALPHA,
+        "targets": list(ALL_LINEAR_MODULES),
+        "strength": QWEN3_0_6B_WEIGHTS["lora_strength"],
+    }
+    target = (root or cache_root()) / f"lora-0.6b-{name}-{_spec_digest(spec)}"
+
+    def build(out: Path) -> None:
+        import math
+
+        import torch
+        from peft import LoraConfig
+        from safetensors.torch import save_file
+
+        config = json.loads((model_dir / "config.json").read_text())
+        shapes = lora_module_shapes(config)
+        # rms(B A x) = strength * rms(W x) for x of rms 1: A's rows have unit norm in expectation, so
+        # rms(Ax) = 1; B's std makes rms(B(Ax)) = strength * linear_std * sqrt(hidden).
+        b_std = QWEN3_0_6B_WEIGHTS["lora_strength"] * QWEN3_0_6B_WEIGHTS["linear_std"] * math.sqrt(
+            config["hidden_size"]) / math.sqrt(FULL_LORA_RANK)
+        tensors = {}
+        for layer in range(config["num_hidden_layers"]):
+            for module in ALL_LINEAR_MODULES:
+                block = "mlp" if module in ("gate_proj", "up_proj", "down_proj") else "self_attn"
+                prefix = f"base_model.model.model.layers.{layer}.{block}.{module}"
+                fan_in, fan_out = shapes[module]
+                a = torch.randn((FULL_LORA_RANK, fan_in), generator=_seeded(seed, f"{prefix}.lora_A"))
+                a = a / math.sqrt(fan_in)
+                b = torch.randn((fan_out, FULL_LORA_RANK), generator=_seeded(seed, f"{prefix}.lora_B")) * b_std
+                tensors[f"{prefix}.lora_A.weight"] = a.to(torch.bfloat16)
+                tensors[f"{prefix}.lora_B.weight"] = b.to(torch.bfloat16)
+        save_file(tensors, str(out / "adapter_model.safetensors"), metadata={"format": "pt"})
+        LoraConfig(r=FULL_LORA_RANK, lora_alpha=FULL_LORA_ALPHA, target_modules=list(ALL_LINEAR_MODULES),
+                   lora_dropout=0.0, bias="none", task_type="CAUSAL_LM",
+                   base_model_name_or_path=str(model_dir)).save_pretrained(str(out))
+
+    return _materialise(target, build)
+
+
+TINY = "tiny"
+QWEN3_0_6B_SHAPE = "qwen3-0.6b-shape"
+FIXTURE_NAMES = (TINY, QWEN3_0_6B_SHAPE)
+
+
+def build_fixtures(root: Path | None = None, fixture: str = TINY) -> Fixtures:
+    """The model and adapters A, B, C of `fixture` (one of FIXTURE_NAMES), built once and cached."""
+    if fixture == QWEN3_0_6B_SHAPE:
+        model_dir = qwen3_0_6b_shape(root)
+        adapters = {name: full_lora_adapter(name, model_dir, root) for name in ADAPTER_SEEDS}
+        return Fixtures(model_dir=model_dir, adapters=adapters, root=root or cache_root(), name=QWEN3_0_6B_SHAPE,
+                        lora_rank=FULL_LORA_RANK, target_modules=ALL_LINEAR_MODULES)
+    if fixture != TINY:
+        raise ValueError(f"unknown fixture {fixture!r}; known: {', '.join(FIXTURE_NAMES)}")
     model_dir = tiny_qwen3(root)
     adapters = {name: lora_adapter(name, model_dir, root) for name in ADAPTER_SEEDS}
     return Fixtures(model_dir=model_dir, adapters=adapters, root=root or cache_root())

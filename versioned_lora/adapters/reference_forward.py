@@ -62,6 +62,20 @@ class ReferenceModel:
             if snapshot is not None:
                 self._base = model.unload()
 
+    def next_token_logprobs(self, snapshot: Any, input_ids: Sequence[int]) -> Any:
+        """The whole next-token log-distribution (float32, one entry per vocabulary token) after `input_ids`
+        under the snapshot's adapter (None = base), computed as `logprobs` computes its first position: what
+        the separation between versions and the margin of a probe's token are measured on."""
+        torch = self._torch
+        model = self._with_adapter(snapshot)
+        try:
+            with torch.no_grad():
+                logits = model(torch.tensor([list(input_ids)])).logits[0, -1].float()
+            return torch.log_softmax(logits, dim=-1)
+        finally:
+            if snapshot is not None:
+                self._base = model.unload()
+
     def score(self, snapshot: Any, prefix: Sequence[int], continuation: Sequence[int]) -> list[float]:
         """Teacher-forced logprobs of `continuation` after `prefix` (one forward pass): how an engine's
         own tokens are checked, since on a near-flat distribution greedy argmax can flip between
