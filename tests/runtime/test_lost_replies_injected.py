@@ -64,10 +64,10 @@ class RecordingEngine:
         self.calls.append(("end", candidate.lora_name))
         return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, 0, 7, -1.0)
 
-    async def cleanup(self, lora_name: str, attempt_token: str) -> None:
+    async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None:
         self.calls.append(("cleanup", lora_name))
 
-    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool:
+    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float, capability: str | None = None) -> bool:
         self.calls.append(("reclaim", lora_name))
         return True
 
@@ -161,10 +161,12 @@ def test_injected_commit_survives_the_callers_cancellation(tmp_path: Path) -> No
 def test_injected_lost_abort_reply_cleans_nothing_until_the_same_abort_is_answered(tmp_path: Path) -> None:
     async def body() -> None:
         registry, engines = deployment(tmp_path)
+        z_version, z = candidate("Z")
         a_version, a = candidate("A")
-        engines["E1"].end = _refuse_end  # type: ignore[method-assign]  # a certain failure before commit
         lossy = LosesReplies(registry, "abort:", lose_for_s=1.0)
         pub = publisher(lossy, engines, commit=0.3)
+        assert (await pub.publish(z_version, z)).committed  # an earlier, resolved commit of this publisher
+        engines["E1"].end = _refuse_end  # type: ignore[method-assign]  # a certain failure before commit
         outcome = await pub.publish(a_version, a)
         assert outcome.status is PublishStatus.UNKNOWN
         assert lossy.lost and all(lossy.applied_before_loss)
@@ -173,7 +175,7 @@ def test_injected_lost_abort_reply_cleans_nothing_until_the_same_abort_is_answer
 
         await asyncio.sleep(1.0)
         recovered = await pub.recover()  # the same abort key, answered from the journal with its cleanups
-        assert [o.status for o in recovered] == [PublishStatus.FAILED_CLEAN]
+        assert [(o.version, o.status) for o in recovered] == [(a_version, PublishStatus.FAILED_CLEAN)]
         assert all(engine.destructive() == [("cleanup", a.lora_name)] for engine in engines.values())
 
     asyncio.run(body())

@@ -94,17 +94,22 @@ class EngineStaging:
             float(probe["logprob"]),
         )
 
-    async def cleanup(self, lora_name: str, attempt_token: str) -> None:
+    async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None:
+        signed: dict[str, Any] = {} if capability is None else {"capability": capability}
         try:
-            await self._call(self.client.managed("cleanup", lora_name=lora_name, attempt_token=attempt_token))
+            await self._call(
+                self.client.managed("cleanup", lora_name=lora_name, attempt_token=attempt_token, **signed)
+            )
         except EngineRefused as refused:
             if refused.reason != "STALE_ATTEMPT":  # the engine holds another attempt: nothing of ours left
                 raise
 
-    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool:
+    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float, capability: str | None = None) -> bool:
+        signed: dict[str, Any] = {} if capability is None else {"capability": capability}
         answer = await self._call(
             self.client.managed(
-                "reclaim", lora_name=lora_name, reclaim_id=reclaim_id, wait_s=wait_s, http_timeout_s=wait_s + 60
+                "reclaim", lora_name=lora_name, reclaim_id=reclaim_id, wait_s=wait_s, http_timeout_s=wait_s + 60,
+                **signed,
             )
         )
         return bool(answer["adapter"]["state"] == "UNLOADED")

@@ -25,8 +25,10 @@ from typing import Any
 
 import attrs
 
+from versioned_lora import capabilities
 from versioned_lora.adapters.journal import CheckpointWriter, Journal, state_digest
 from versioned_lora.lifecycle import (
+    RegistryEffect,
     RegistryEvent,
     RegistryState,
     Reserve,
@@ -35,6 +37,7 @@ from versioned_lora.lifecycle import (
     initial_state,
     step,
 )
+from versioned_lora.lifecycle.effects import CleanupOnEngine, ReclaimOnEngine
 from versioned_lora.runtime.interfaces import (
     MAX_BATCH,
     BatchTooLarge,
@@ -43,7 +46,7 @@ from versioned_lora.runtime.interfaces import (
     RegistryError,
     RegistryUnavailable,
 )
-from versioned_lora.runtime.views import PublicationView, publication_view
+from versioned_lora.runtime.views import DispatchView, PublicationView, dispatch_view, publication_view
 from versioned_lora.spec.identities import check_version_identity
 
 REGISTRY_ACTOR_NAME = "versioned_lora_registry"
@@ -97,8 +100,12 @@ class RegistryCore:
         epoch: int = 0,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         answer_cache: int = DEFAULT_ANSWER_CACHE,
+        capability_key: bytes | None = None,
     ) -> None:
+        """`capability_key`: the key engines check cleanups and reclaims with (`versioned_lora.capabilities`);
+        default: `KEY_ENV` of this process's environment, else none (answers carry no capabilities)."""
         started = time.perf_counter()
+        self._capability_key = capability_key if capability_key is not None else capabilities.key_from_env()
         self._journal = Journal(journal_path)
         initial = initial_state(engines=engines, capacity=capacity, epoch=epoch)
         self._journal.bind_config(initial.config)
@@ -128,7 +135,7 @@ class RegistryCore:
         _check_identities(events)
         answered = self._answered(key, events)
         if answered is not None:
-            return answered
+            return self._signed(answered)
         state = self._state
         steps = []
         for index, event in enumerate(events):
@@ -136,7 +143,7 @@ class RegistryCore:
             steps.append((result, tuple(effects)))
             self._maybe_fault("mid_batch", index + 1)
         if state is self._state:  # every row was a keep row: no effect to protect, no fsync
-            return tuple(RegistryAnswer(result, effects, None) for result, effects in steps)
+            return self._signed(tuple(RegistryAnswer(result, effects, None) for result, effects in steps))
         seq = self._next_seq
         answers = tuple(RegistryAnswer(result, effects, seq) for result, effects in steps)
         try:
@@ -165,7 +172,28 @@ class RegistryCore:
             self._checkpointing = CheckpointWriter(seq, state)  # written a slice per call from the next one on
             self._events_since_checkpoint = 0
         self._maybe_fault("after_commit")
-        return answers
+        return self._signed(answers)
+
+    def _signed(self, answers: tuple[RegistryAnswer, ...]) -> tuple[RegistryAnswer, ...]:
+        """The answers with a capability for each cleanup of an ABORTED version (an abort row's effect) and each
+        reclaim of a RECLAIMING one (a claim row's), minted now: the journal holds them unsigned."""
+        key = self._capability_key
+        if key is None:
+            return answers
+        return tuple(
+            attrs.evolve(answer, capabilities=tuple(self._capability(key, effect) for effect in answer.effects))
+            if answer.effects else answer
+            for answer in answers
+        )
+
+    def _capability(self, key: bytes, effect: RegistryEffect) -> str | None:
+        version = self._state.versions.get(getattr(effect, "version", None))  # type: ignore[arg-type]
+        state = None if version is None else version.state
+        if isinstance(effect, CleanupOnEngine) and state in (VersionState.ABORTED, VersionState.FAILED_CLEAN):
+            return capabilities.mint(key, capabilities.Action.CLEANUP, effect.lora_name, effect.attempt_token)
+        if isinstance(effect, ReclaimOnEngine) and state in (VersionState.RECLAIMING, VersionState.RECLAIMED):
+            return capabilities.mint(key, capabilities.Action.RECLAIM, effect.lora_name, effect.reclaim_id)
+        return None
 
     def _answered(self, key: str, events: tuple[RegistryEvent, ...]) -> tuple[RegistryAnswer, ...] | None:
         hit = self._recent.get(key)
@@ -190,6 +218,9 @@ class RegistryCore:
 
     def state(self) -> RegistryState:
         return self._state
+
+    def dispatch_view(self, versions: Collection[VersionKey]) -> dict[VersionKey, DispatchView]:
+        return dispatch_view(self._state, versions)
 
     def publication_view(self) -> PublicationView:
         return publication_view(self._state)
@@ -261,6 +292,9 @@ class LocalRegistry:
 
     async def version_states(self, versions: Collection[VersionKey]) -> dict[VersionKey, VersionState]:
         return self.core.version_states(versions)
+
+    async def dispatch_view(self, versions: Collection[VersionKey]) -> dict[VersionKey, DispatchView]:
+        return self.core.dispatch_view(versions)
 
     async def state_digest(self) -> str:
         return self.core.state_digest()
@@ -387,6 +421,11 @@ class RayRegistry:
         wanted = tuple(versions)
         states: dict[VersionKey, VersionState] = await self._call(lambda: self.handle.version_states.remote(wanted))
         return states
+
+    async def dispatch_view(self, versions: Collection[VersionKey]) -> dict[VersionKey, DispatchView]:
+        wanted = tuple(versions)
+        view: dict[VersionKey, DispatchView] = await self._call(lambda: self.handle.dispatch_view.remote(wanted))
+        return view
 
     async def state_digest(self) -> str:
         digest: str = await self._call(lambda: self.handle.state_digest.remote())

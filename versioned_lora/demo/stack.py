@@ -75,6 +75,7 @@ class Stack:
         route: Callable[[BackendRequest], int] | None = None,
         bucket_deadline_s: float = 60.0,
         client_timeout_s: float = 300.0,
+        bucket_bytes: int = BUCKET_BYTES,
     ) -> None:
         # A fresh epoch per deployment: managed names are never reused on an engine.
         self.epoch = random.randrange(1, 2**31)
@@ -97,10 +98,10 @@ class Stack:
         self.publisher = Publisher(self.registry, self.ports, self.probe_check, self.deadlines, on_phase=on_phase)
         self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines)
         self.route = route or sticky_by_session(len(self.clients))
-        self.backend = SGLangBackend(list(self.clients.values()), route=self.route)
+        self.backend = SGLangBackend(list(self.clients.values()), route=self.route, names=list(self.clients))
         self.candidates: dict[VersionKey, Candidate] = {}
         self.labels: dict[str, str] = {}  # lora_name -> label, for reports
-        self.bucket_bytes = BUCKET_BYTES
+        self.bucket_bytes = bucket_bytes
 
     def new_binder(self, backend: Any, shard: int) -> SessionBinder:
         return SessionBinder(self.registry, backend, epoch=self.epoch, shard=shard)

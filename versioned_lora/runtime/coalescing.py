@@ -26,6 +26,7 @@ from versioned_lora.lifecycle import (
     VersionState,
 )
 from versioned_lora.runtime.interfaces import MAX_BATCH, RegistryAnswer, RegistryPort
+from versioned_lora.runtime.views import DispatchView
 
 SESSION_EVENTS = (OpenSession, BindFirst, BeginClose, CloseAndRelease)
 
@@ -56,6 +57,9 @@ class CoalescingRegistry:
 
     async def version_states(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, VersionState]:
         return await self._inner.version_states(versions)
+
+    async def dispatch_view(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, DispatchView]:
+        return await self._inner.dispatch_view(versions)
 
     async def state_digest(self) -> str:
         return await self._inner.state_digest()

@@ -28,9 +28,15 @@ class Deadlines:
 
 
 class PhaseDeadlineMissed(Exception):
-    def __init__(self, phase: str, seconds: float) -> None:
-        super().__init__(f"phase {phase} missed its {seconds:.1f}s deadline")
+    """`bound` says which limit fired: the phase's own deadline, or the run's `max_no_progress`."""
+
+    def __init__(self, phase: str, seconds: float, bound: str = "deadline") -> None:
+        if bound == "deadline":
+            super().__init__(f"phase {phase} missed its {seconds:.1f}s deadline")
+        else:
+            super().__init__(f"phase {phase} missed its {bound} bound ({seconds:.1f}s since the last progress)")
         self.phase = phase
+        self.bound = bound
 
 
 async def submit_until_known(registry: RegistryPort, event: Any, key: str, deadline_s: float | None) -> Any:

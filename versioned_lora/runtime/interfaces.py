@@ -18,7 +18,7 @@ from typing import Any, Protocol, TypeVar, runtime_checkable
 import attrs
 
 from versioned_lora.lifecycle import RegistryEffect, RegistryEvent, RegistryResult, VersionKey, VersionState
-from versioned_lora.runtime.views import PublicationView
+from versioned_lora.runtime.views import DispatchView, PublicationView
 
 # One registry call applies at most this many events (one journal transaction, one fsync). The bound
 # keeps a call's latency and the actor's pause for other callers short; callers with more split.
@@ -34,6 +34,13 @@ class RegistryAnswer:
     effects: tuple[RegistryEffect, ...]
     journal_seq: int | None  # the journal row that holds this call; None if the call changed nothing
     from_journal: bool = False  # True when a retried key was answered from the journal, not re-applied
+    # One per effect, aligned with `effects`: the capability an engine needs to carry that effect out
+    # (cleanups and reclaims, `versioned_lora.capabilities`), None for the others. Added by the registry
+    # when it answers; never journaled (a replayed answer is signed again).
+    capabilities: tuple[str | None, ...] = ()
+
+    def capability_of(self, index: int) -> str | None:
+        return self.capabilities[index] if index < len(self.capabilities) else None
 
 
 # ---- errors of the registry port ----
@@ -77,6 +84,11 @@ class RegistryPort(Protocol):
         """Read-only: the current state of each known version (unknown versions are left out)."""
         ...
 
+    async def dispatch_view(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, DispatchView]:
+        """Read-only: for each known version, its state and the engines requests for it may go to now
+        (unknown versions are left out). What the dispatch gate and the router decide by."""
+        ...
+
     async def state_digest(self) -> str:
         """SHA-256 of the canonical encoding of the registry state (equal states, equal digests, in
         any process)."""
@@ -101,6 +113,8 @@ class BackendRequest:
     lora_path: str
     max_new_tokens: int
     sampling: Mapping[str, Any] = attrs.field(factory=dict)
+    # The engines the request may go to (the version is servable there now); empty: any engine.
+    engines: frozenset[str] = frozenset()
 
 
 @attrs.frozen
@@ -119,11 +133,16 @@ class OutcomeUnknown(Exception):
 
 class BackendFailure(Exception):
     """The backend certainly refused or failed the request (an HTTP error status, a refused version):
-    the agentic layer may retry with a new attempt."""
+    the agentic layer may retry with a new attempt. `engine` is the engine that answered; `reason` the
+    engine's refusal code when it gave one (e.g. `Reason.VERSION_UNAVAILABLE`)."""
 
-    def __init__(self, message: str, status_code: int | None = None) -> None:
+    def __init__(
+        self, message: str, status_code: int | None = None, *, engine: str | None = None, reason: str | None = None
+    ) -> None:
         super().__init__(message)
         self.status_code = status_code
+        self.engine = engine
+        self.reason = reason
 
 
 @runtime_checkable
@@ -193,9 +212,11 @@ class StagingEnginePort(Protocol[CandidateT_contra]):
 
     async def end(self, candidate: CandidateT_contra, attempt_token: str) -> ReadyReceipt: ...
 
-    async def cleanup(self, lora_name: str, attempt_token: str) -> None: ...
+    # `capability`: the registry's signed word for this exact call (`RegistryAnswer.capabilities`); engines
+    # started with a capability key refuse a cleanup or reclaim without a valid one.
+    async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None: ...
 
-    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float) -> bool: ...
+    async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float, capability: str | None = None) -> bool: ...
 
 
 ProbeCheck = Callable[[Any, int, float], bool]  # (candidate, probe token, probe logprob) -> matches

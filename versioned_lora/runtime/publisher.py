@@ -144,8 +144,8 @@ class Publisher:
         return self._commit_task is not None and not self._commit_task.done()
 
     async def resolve(self) -> PublishOutcome | None:
-        """Wait until the last unresolved commit's outcome is known, and return it (None if there was none).
-        The commit is retried under its own key until the registry answers; it is never aborted."""
+        """The outcome of this publisher's last commit, once known (None if it never committed): an unresolved
+        commit is retried under its own key until the registry answers; it is never aborted."""
         if self._commit_task is None:
             return None
         return await asyncio.shield(self._commit_task)
@@ -255,7 +255,7 @@ class Publisher:
         task = asyncio.ensure_future(self._resolve_commit(version, lora_name, token, expected, key, phases))
         self._commit_task = task
         started = time.monotonic()
-        limit = self._phase_limit("commit")
+        limit, _ = self._phase_limit("commit")
         try:
             outcome = await asyncio.wait_for(asyncio.shield(task), limit)
         except TimeoutError:
@@ -297,8 +297,10 @@ class Publisher:
             # cleaned; what happened is for `resolve`/`recover` to establish, not for this call to guess.
             logger.warning("abort of %s refused (%s); nothing cleaned", version, answer.result.reason)
             return PublishStatus.UNKNOWN
-        cleanups = [e for e in answer.effects if isinstance(e, CleanupOnEngine)]
-        results = await asyncio.gather(*(self._clean_one(c) for c in cleanups), return_exceptions=True)
+        cleanups = [(effect, answer.capability_of(index)) for index, effect in enumerate(answer.effects)
+                    if isinstance(effect, CleanupOnEngine)]
+        results = await asyncio.gather(*(self._clean_one(c, capability) for c, capability in cleanups),
+                                       return_exceptions=True)
         phases["cleanup"] = phases.get("cleanup", 0.0)
         try:
             state = (await self.registry.version_states([version])).get(version)
@@ -309,10 +311,10 @@ class Publisher:
         logger.warning("cleanup of %s not confirmed everywhere: %s", version, results)
         return PublishStatus.UNKNOWN
 
-    async def _clean_one(self, cleanup: CleanupOnEngine) -> None:
+    async def _clean_one(self, cleanup: CleanupOnEngine, capability: str | None) -> None:
         engine = self.engines[cleanup.engine]
         try:
-            await asyncio.wait_for(self._clean_when_idle(engine, cleanup), self.deadlines.cleanup)
+            await asyncio.wait_for(self._clean_when_idle(engine, cleanup, capability), self.deadlines.cleanup)
         except (EngineUnreachable, TimeoutError):
             await self._report(RecordUnknown(cleanup.version, cleanup.attempt_token, cleanup.engine),
                                f"unknown:{cleanup.attempt_token}:{cleanup.engine}:{time.monotonic_ns()}")
@@ -321,12 +323,14 @@ class Publisher:
                            f"cleaned:{cleanup.attempt_token}:{cleanup.engine}")
 
     @staticmethod
-    async def _clean_when_idle(engine: StagingEnginePort[Any], cleanup: CleanupOnEngine) -> None:
+    async def _clean_when_idle(
+        engine: StagingEnginePort[Any], cleanup: CleanupOnEngine, capability: str | None
+    ) -> None:
         # A loaded candidate that a request still holds (its own probe, say) answers IN_USE; nothing is
         # unloaded under a request, so wait for it and ask again (bounded by the cleanup deadline).
         while True:
             try:
-                await engine.cleanup(cleanup.lora_name, cleanup.attempt_token)
+                await engine.cleanup(cleanup.lora_name, cleanup.attempt_token, capability)
                 return
             except EngineRefused as refused:
                 if refused.reason != "IN_USE":
@@ -340,8 +344,9 @@ class Publisher:
         would need READY everywhere, which a half-done attempt lacks). An unresolved commit of this
         publisher is resolved first."""
         outcomes = []
-        resolved = await self.resolve()
-        if resolved is not None:
+        if self.commit_unresolved:
+            resolved = await self.resolve()
+            assert resolved is not None
             outcomes.append(resolved)
         view = await self.registry.publication_view()
         for key, version in view.versions.items():
@@ -368,11 +373,13 @@ class Publisher:
         return answer
 
     async def _timed(self, phases: dict[str, float], phase: str, work: Awaitable[T]) -> T:
-        limit = self._phase_limit(phase)
+        limit, bound = self._phase_limit(phase)
         started = time.monotonic()
         try:
             result = await asyncio.wait_for(work, limit)
         except TimeoutError as exc:
+            if bound == "max_no_progress":
+                raise PhaseDeadlineMissed(phase, self.deadlines.max_no_progress, bound) from exc
             raise PhaseDeadlineMissed(phase, limit) from exc
         elapsed = time.monotonic() - started
         phases[phase] = elapsed
@@ -380,12 +387,13 @@ class Publisher:
         self._last_progress = time.monotonic()
         return result
 
-    def _phase_limit(self, phase: str) -> float:
+    def _phase_limit(self, phase: str) -> tuple[float, str]:
+        """Seconds to wait for `phase`, and which bound that is: its own deadline or the no-progress bound
+        (never wait past the last progress + max_no_progress)."""
         base = phase.split("_", 1)[0]
         limit = float(getattr(self.deadlines, base))
-        # The no-progress bound: never wait past the last progress + max_no_progress.
-        remaining = self._last_progress + self.deadlines.max_no_progress - time.monotonic()
-        return max(0.0, min(limit, remaining))
+        remaining = max(0.0, self._last_progress + self.deadlines.max_no_progress - time.monotonic())
+        return (limit, "deadline") if limit <= remaining else (remaining, "max_no_progress")
 
 
 async def settle_all(calls: Sequence[Awaitable[Any]]) -> list[Any]:

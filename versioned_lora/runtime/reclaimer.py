@@ -64,9 +64,11 @@ class Reclaimer:
             return ReclaimOutcome(ReclaimStatus.REJECTED, version, reason=str(answer.result.reason),
                                   seconds=time.monotonic() - started)
         reclaim_id = answer.result.reclaim_id
-        orders = [e for e in answer.effects if isinstance(e, ReclaimOnEngine)]
-        done = await asyncio.gather(*(self._reclaim_one(order) for order in orders), return_exceptions=True)
-        confirmed = tuple(order.engine for order, ok in zip(orders, done, strict=True) if ok is True)
+        orders = [(effect, answer.capability_of(index)) for index, effect in enumerate(answer.effects)
+                  if isinstance(effect, ReclaimOnEngine)]
+        done = await asyncio.gather(*(self._reclaim_one(order, capability) for order, capability in orders),
+                                    return_exceptions=True)
+        confirmed = tuple(order.engine for (order, _), ok in zip(orders, done, strict=True) if ok is True)
         try:
             state = (await self.registry.version_states([version])).get(version)
         except RegistryUnavailable:
@@ -74,14 +76,26 @@ class Reclaimer:
         status = ReclaimStatus.RECLAIMED if state is VersionState.RECLAIMED else ReclaimStatus.PENDING
         return ReclaimOutcome(status, version, reclaim_id, confirmed, time.monotonic() - started)
 
-    async def _reclaim_one(self, order: ReclaimOnEngine) -> bool:
+    async def _reclaim_one(self, order: ReclaimOnEngine, capability: str | None) -> bool:
         engine = self.engines[order.engine]
         # The engine unregisters at once, waits for SGLang's native refcount, unloads once; we poll the
         # same idempotent call (same reclaim id) until it reports UNLOADED.
+        # The deadline bounds the whole phase on this engine, calls in flight included: a call cut off by it
+        # may still have unloaded (its effect is idempotent per reclaim id), so the engine simply stays
+        # unconfirmed, the slot stays taken, and the next `reclaim` asks again.
         deadline = time.monotonic() + self.deadlines.reclaim
-        while not await engine.reclaim(order.lora_name, order.reclaim_id, wait_s=5.0):
-            if time.monotonic() > deadline:
+        while True:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 raise PhaseDeadlineMissed("reclaim", self.deadlines.reclaim)
+            try:
+                unloaded = await asyncio.wait_for(
+                    engine.reclaim(order.lora_name, order.reclaim_id, min(5.0, remaining), capability), remaining
+                )
+            except TimeoutError as exc:
+                raise PhaseDeadlineMissed("reclaim", self.deadlines.reclaim) from exc
+            if unloaded:
+                break
         await submit_until_known(self.registry, ConfirmReclaim(order.version, order.engine, order.reclaim_id),
                                  f"confirm:{order.reclaim_id}:{order.engine}", self.deadlines.commit)
         return True

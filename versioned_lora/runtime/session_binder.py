@@ -5,8 +5,10 @@ The binding lives on the session's local record (Relax's `_SessionRecord`), not 
 * `bind_first` runs through one shared task per session; every waiter awaits it under
   `asyncio.shield`, so cancelling one waiter (one IR) cancels nothing else and never makes a later
   request choose again.
-* every backend request carries the bound `lora_path`; the dispatch gate refuses a RECLAIMING or
-  RECLAIMED version before the request leaves the process.
+* every backend request carries the bound `lora_path` and the engines the registry says the version
+  is servable on now (the dispatch gate); a RECLAIMING or RECLAIMED version is refused before the
+  request leaves the process. An engine that refuses the version (VERSION_UNAVAILABLE: it restarted
+  and the registry has not adopted its new incarnation yet) gets the same binding sent elsewhere.
 * a generation whose acceptance is unknown (`OutcomeUnknown`) is never resent: it surfaces to the
   caller, and the session refuses new generations until the caller resolves it (`resolve_unknown`
   aborts that rid). Retries after known failures are the agentic layer's decision.
@@ -41,6 +43,7 @@ from versioned_lora.lifecycle import (
 )
 from versioned_lora.runtime.dispatch_gate import DispatchGate, VersionUnavailable
 from versioned_lora.runtime.interfaces import (
+    BackendFailure,
     BackendRequest,
     BackendResponse,
     GenerationBackend,
@@ -150,6 +153,7 @@ class SessionBinder:
         self._on_effects = on_effects
         self._records: dict[SessionKey, SessionEntry] = {}
         self.dropped_late_responses = 0
+        self.redispatched = 0  # requests sent again, same binding, after an engine refused the version
 
     # ---- records
     def open(self, session_id: str, key: SessionKey | None = None) -> SessionKey:
@@ -217,15 +221,33 @@ class SessionBinder:
         if entry.unknown:
             raise UnresolvedOutcome(tuple(entry.unknown))
         binding = await self.bind_first(key)
-        await self.gate.check(binding.version)  # raises VersionUnavailable: refused before leaving the process
-        entry = self._active(key)  # re-check: the session may have started closing while we awaited
-        request = BackendRequest(
-            rid=rid or f"{entry.session_id}/{uuid.uuid4().hex[:16]}",
-            input_ids=tuple(input_ids),
-            lora_path=binding.lora_path,
-            max_new_tokens=max_new_tokens,
-            sampling=dict(sampling or {}),
-        )
+        engines = await self.gate.check(binding.version)  # raises VersionUnavailable: refused before leaving
+        refused: set[str] = set()
+        base_rid = rid or f"{entry.session_id}/{uuid.uuid4().hex[:16]}"
+        while True:
+            entry = self._active(key)  # re-check: the session may have started closing while we awaited
+            request = BackendRequest(
+                rid=base_rid if not refused else f"{base_rid}~{len(refused)}",
+                input_ids=tuple(input_ids),
+                lora_path=binding.lora_path,
+                max_new_tokens=max_new_tokens,
+                sampling=dict(sampling or {}),
+                engines=engines - refused,
+            )
+            try:
+                return await self._send(key, entry, request)
+            except BackendFailure as failure:
+                # An engine the registry still counts as serving the version refused it: it restarted and the
+                # registry has not adopted its new incarnation yet. The request certainly did not run there;
+                # the same binding goes to another engine of the view, never to another version.
+                if failure.reason != Reason.VERSION_UNAVAILABLE or failure.engine is None:
+                    raise
+                refused.add(failure.engine)
+                if not engines - refused:
+                    raise
+                self.redispatched += 1
+
+    async def _send(self, key: SessionKey, entry: SessionEntry, request: BackendRequest) -> BackendResponse:
         entry.issued[request.rid] = request
         try:
             response = await self._backend.generate(request)

@@ -3,9 +3,12 @@ its sessions, is too large to ship on every call). Pure functions of a `Registry
 
 from __future__ import annotations
 
+from collections.abc import Collection
+
 import attrs
 
 from versioned_lora.lifecycle import RegistryState, VersionKey, VersionState
+from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.spec.model import session_refs
 from versioned_lora.spec.states import PlacementState
 
@@ -60,3 +63,25 @@ def publication_view(state: RegistryState) -> PublicationView:
     return PublicationView(
         state.default, state.default_revision, tuple(state.config.engines), dict(state.incarnations), versions
     )
+
+
+@attrs.frozen
+class DispatchView:
+    """Where requests for one version may go now: its state, and the engines it is servable on
+    (`lifecycle.queries.servable_on`: dispatchable, and READY there in the engine's current incarnation).
+    Empty `engines` means nothing may be dispatched for it."""
+
+    state: VersionState
+    engines: frozenset[str]
+
+
+def dispatch_view(state: RegistryState, versions: Collection[VersionKey]) -> dict[VersionKey, DispatchView]:
+    """Known versions only (unknown ones are left out)."""
+    return {
+        version: DispatchView(
+            state.versions[version].state,
+            frozenset(engine for engine in state.config.engines if servable_on(state, version, engine)),
+        )
+        for version in versions
+        if version in state.versions
+    }

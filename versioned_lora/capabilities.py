@@ -1,0 +1,74 @@
+"""Capabilities: the registry's word, checkable by an engine without calling the registry, that one exact
+managed name may be cleaned (an aborted attempt) or unloaded (a claimed reclaim).
+
+A capability is an HMAC-SHA256 over (action, lora_name, attempt token or reclaim id) under a key that only
+the registry actor and the engines hold (`KEY_ENV` in their environments; never the publisher's or the
+reclaimer's). The lora_name carries the deployment epoch and the digest prefix, so a capability is bound to
+one epoch and one version; the action and the reference bind it to one call. The registry signs when it
+answers (`adapters.ray_registry.RegistryCore`): a cleanup only for a version that is ABORTED (an abort
+row), a reclaim only for one that is RECLAIMING (a claim row), never at reserve, so a publisher never holds
+a capability to clean a version it later commits. The journal keeps the unsigned answer; an answer replayed
+from it is signed again, so recovery and a key change (same key on registry and engines) strand nothing.
+
+Pure stdlib: imported by the registry adapter and by the engine patch alike.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Mapping
+from enum import StrEnum
+
+KEY_ENV = "VERSIONED_LORA_CAPABILITY_KEY"  # hex; the same value in the registry actor and every engine
+PREFIX = "vlcap1."  # the format; a capability of another format is refused like a forged one
+_DOMAIN = b"versioned-lora capability v1"
+MAX_LENGTH = len(PREFIX) + 64
+
+
+class Action(StrEnum):
+    CLEANUP = "cleanup"
+    RECLAIM = "reclaim"
+
+
+class CapabilityKeyError(ValueError):
+    """The configured key is not 32 or more bytes of hex."""
+
+
+def new_key() -> str:
+    """A fresh key, hex (256 bits)."""
+    return secrets.token_hex(32)
+
+
+def parse_key(text: str) -> bytes:
+    try:
+        key = bytes.fromhex(text.strip())
+    except ValueError as exc:
+        raise CapabilityKeyError(f"{KEY_ENV} must be hex: {exc}") from None
+    if len(key) < 32:
+        raise CapabilityKeyError(f"{KEY_ENV} must hold at least 32 bytes (64 hex digits), got {len(key)}")
+    return key
+
+
+def key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
+    text = environ.get(KEY_ENV)
+    return None if not text else parse_key(text)
+
+
+def _mac(key: bytes, action: Action, lora_name: str, reference: str) -> str:
+    message = b"\n".join((_DOMAIN, action.value.encode(), lora_name.encode(), reference.encode()))
+    return hmac.new(key, message, hashlib.sha256).hexdigest()
+
+
+def mint(key: bytes, action: Action, lora_name: str, reference: str) -> str:
+    """The capability to do `action` on `lora_name` for `reference` (attempt token or reclaim id)."""
+    return PREFIX + _mac(key, action, lora_name, reference)
+
+
+def verify(key: bytes, capability: object, action: Action, lora_name: str, reference: str) -> bool:
+    """Constant-time check; anything that is not a capability of this format is simply not valid."""
+    if not isinstance(capability, str) or len(capability) != MAX_LENGTH or not capability.startswith(PREFIX):
+        return False
+    return hmac.compare_digest(capability[len(PREFIX):], _mac(key, action, lora_name, reference))
