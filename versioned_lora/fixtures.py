@@ -186,7 +186,7 @@ def qwen3_0_6b_shape(root: Path | None = None) -> Path:
     def build(out: Path) -> None:
         import torch
         from safetensors.torch import save_file
-        from transformers import Qwen3Config, Qwen3ForCausalLM
+        from transformers import GenerationConfig, Qwen3Config, Qwen3ForCausalLM
 
         config = Qwen3Config(**QWEN3_0_6B)
         with torch.device("meta"):  # names and shapes only; every value is drawn below
@@ -203,7 +203,9 @@ def qwen3_0_6b_shape(root: Path | None = None) -> Path:
                 tensor = torch.randn(shape, generator=_seeded(MODEL_SEED, name)) * std
             state[name] = tensor.to(torch.bfloat16)
         save_file(state, str(out / "model.safetensors"), metadata={"format": "pt"})
+        config.architectures = ["Qwen3ForCausalLM"]  # what SGLang picks its model class by
         config.save_pretrained(out)
+        GenerationConfig.from_model_config(config).save_pretrained(out)
 
     return _materialise(target, build)
 
