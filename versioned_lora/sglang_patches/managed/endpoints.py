@@ -18,7 +18,7 @@ from typing import Any
 import attrs
 from fastapi import Request  # module level: FastAPI resolves the endpoint's annotation here
 
-from versioned_lora.adapters.manifest import Manifest, ManifestError
+from versioned_lora.adapters.manifest import Manifest, ManifestError, UnsupportedManifest
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
 from versioned_lora.sglang_patches.managed import audit, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import EngineOperationError, ManagedEngine, ProtocolRefusal
@@ -85,6 +85,8 @@ class ManagedAPI:
         name = _managed_name(body)
         try:
             manifest = Manifest.from_json(_field(body, "manifest", str))
+        except UnsupportedManifest as exc:  # a format version or hash kind this engine does not know
+            raise BadRequest("UNSUPPORTED_MANIFEST", str(exc)) from exc
         except ManifestError as exc:
             raise BadRequest("MALFORMED_MANIFEST", str(exc)) from exc
         digest = _field(body, "digest", str)
