@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import itertools
+import json
 import shutil
 import uuid
 from collections.abc import AsyncIterator
@@ -17,6 +18,7 @@ import torch
 from engine_helpers import PROMPT, Staged, client_for, managed_view, run
 
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
+from versioned_lora.adapters.manifest import MANIFEST_FORMAT_V2, V2_HASH, manifest_from_tensors
 from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir, snapshot_from_tensors
@@ -27,8 +29,11 @@ from versioned_lora.spec.identities import VersionKey, lora_name
 SMALL_BUCKETS = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets
 
 
-def _candidate(adapter_dir: Path, max_bucket_bytes: int = SMALL_BUCKETS) -> Candidate:
+def _candidate(adapter_dir: Path, max_bucket_bytes: int = SMALL_BUCKETS, hash_kind: str = "sha256") -> Candidate:
     snapshot = snapshot_from_adapter_dir(adapter_dir)
+    if hash_kind != snapshot.manifest.hash_kind:  # the same tensors under a manifest of another version
+        manifest = manifest_from_tensors(snapshot.tensors, snapshot.serving_config, hash_kind=hash_kind)
+        snapshot = Snapshot(tensors=snapshot.tensors, manifest=manifest)
     name = lora_name(VersionKey(1, f"s{uuid.uuid4().hex[:8]}"), snapshot.digest)
     return Candidate.build(name, snapshot, max_bucket_bytes)
 
@@ -67,8 +72,10 @@ def reference(fixtures) -> ReferenceModel:
     return ReferenceModel(fixtures.model_dir)
 
 
-def test_happy_path_over_buckets_probe_matches_a_peft_forward(engines, fixtures, reference) -> None:
-    candidate = _candidate(fixtures.adapters["B"])
+@pytest.mark.parametrize("hash_kind", ["sha256", V2_HASH])
+def test_happy_path_over_buckets_probe_matches_a_peft_forward(engines, fixtures, reference, hash_kind: str) -> None:
+    candidate = _candidate(fixtures.adapters["B"], hash_kind=hash_kind)
+    assert candidate.snapshot.manifest.hash_kind == hash_kind
     assert candidate.bucket_count >= 3
     expected = reference.first_token(candidate.snapshot, PROMPT)
 
@@ -150,22 +157,27 @@ def test_late_control_duplicate_receive_and_cleanup_before_during_after(engines,
     run(body())
 
 
-def _tampered(snapshot: Snapshot) -> dict[str, torch.Tensor]:
+def _tampered(snapshot: Snapshot, name: str) -> dict[str, torch.Tensor]:
     tensors = snapshot.to_peft_state()
-    first = next(iter(tensors))
-    tensors[first] = tensors[first].clone()
-    tensors[first].view(-1)[0] += 1.0  # the sender changed a weight after the manifest was fixed
+    tensors[name] = tensors[name].clone()
+    tensors[name].view(-1)[-1] += 1.0  # the sender changed a weight after the manifest was fixed
     return tensors
 
 
-def test_end_rejects_weights_altered_after_the_manifest_and_loads_nothing(engines, fixtures) -> None:
+@pytest.mark.parametrize(("hash_kind", "bucket"), [("sha256", "first"), ("sha256", "last"), (V2_HASH, "last")])
+def test_end_rejects_weights_altered_after_the_manifest_and_loads_nothing(
+    engines, fixtures, hash_kind: str, bucket: str
+) -> None:
+    # Each bucket is hashed as it lands: a change in the first bucket (hashed long before `end`) and one in the
+    # last (hashed after it landed) are refused alike, with the typed mismatch.
     async def body() -> None:
         async with linked(engines.e0) as (client, link):
-            candidate = _candidate(fixtures.adapters["A"])
+            candidate = _candidate(fixtures.adapters["A"], hash_kind=hash_kind)
             attempt = _attempt()
             loads = (await client.status())["audit"]["physical_load"]
             await link.begin(candidate, attempt)
-            altered = _tampered(candidate.snapshot)
+            slots = candidate.plan.buckets[0 if bucket == "first" else -1].slots
+            altered = _tampered(candidate.snapshot, slots[-1].name)
             for index in range(candidate.bucket_count):
                 await link.transfer_bucket(candidate, attempt, index, tensors=altered)
             with pytest.raises(ManagedRefusal) as refused:
@@ -244,6 +256,14 @@ def test_bad_control_input_is_a_typed_error_that_changes_nothing(engines, fixtur
                 with pytest.raises(ManagedRefusal) as refused:
                     await client.managed("begin", **body)
                 assert refused.value.reason == reason, (reason, refused.value)
+            # A manifest of a format version or hash kind this engine does not know (a newer publisher).
+            known = candidate.snapshot.manifest.to_dict()
+            unknowns = ({"format": "versioned-lora/manifest/v3"},
+                        {"format": MANIFEST_FORMAT_V2, "hash": "sha256-chunked-4096"})
+            for unknown in unknowns:
+                with pytest.raises(ManagedRefusal) as refused:
+                    await client.managed("begin", **begin_body(manifest=json.dumps({**known, **unknown})))
+                assert refused.value.reason == "UNSUPPORTED_MANIFEST", (unknown, refused.value)
 
             with pytest.raises(ManagedRefusal) as unknown:  # an attempt this engine never began
                 await link.receive_bucket_again(candidate, "attempt-unknown", 0)
@@ -264,7 +284,7 @@ def test_bad_control_input_is_a_typed_error_that_changes_nothing(engines, fixtur
             assert after["staging"]["stashes"] == before["staging"]["stashes"]
             assert after["adapters"] == before["adapters"]
             # Every refused begin reached the engine (counted) and changed nothing else.
-            assert after["audit"]["managed_begin"] == before["audit"]["managed_begin"] + len(cases)
+            assert after["audit"]["managed_begin"] == before["audit"]["managed_begin"] + len(cases) + len(unknowns)
             assert {k: v for k, v in after["audit"].items() if k != "managed_begin"} == {
                 k: v for k, v in before["audit"].items() if k != "managed_begin"}
 

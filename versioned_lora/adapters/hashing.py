@@ -30,8 +30,8 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Iterable, Mapping, Sequence
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
     import torch
@@ -146,9 +146,18 @@ class PendingHashes:
         return out
 
 
-def submit_buffers(buffers: Mapping[str, memoryview], kind: str, threads: int | None = None) -> PendingHashes:
-    """Start hashing every buffer on the pool and return at once. (A memoryview keeps the memory it views
-    alive: a tensor's numpy array holds the tensor, the view holds the array.)"""
+def _after(event: Any, work: Callable[..., str | bytes], *args: Any) -> str | bytes:
+    event.synchronize()  # e.g. a CUDA event: the copy into the buffer being hashed has finished
+    return work(*args)
+
+
+def submit_buffers(
+    buffers: Mapping[str, memoryview], kind: str, threads: int | None = None, *,
+    before: Mapping[str, Any] | None = None,
+) -> PendingHashes:  # fmt: skip
+    """Start hashing every buffer on the pool and return at once. A buffer named in `before` is hashed only
+    after its object's `synchronize()` returned (the event of the copy that fills it). (A memoryview keeps
+    the memory it views alive: a tensor's numpy array holds the tensor, the view holds the array.)"""
     chunk = chunk_size(kind)
     executor = pool(threads)
     # Largest first: the pool then ends with the small ones, which fill the last gaps.
@@ -156,11 +165,15 @@ def submit_buffers(buffers: Mapping[str, memoryview], kind: str, threads: int | 
     parts: dict[str, list[concurrent.futures.Future[str | bytes]]] = {}
     for name in order:
         data = buffers[name]
-        if chunk is None:
-            parts[name] = [executor.submit(hash_bytes, data, kind)]
-        else:
-            parts[name] = [executor.submit(chunk_digests, data, chunk, first, count)
-                           for first, count in _tasks(data, chunk)]  # fmt: skip
+        event = before.get(name) if before is not None else None
+        calls: list[tuple[Callable[..., str | bytes], tuple[Any, ...]]] = (
+            [(hash_bytes, (data, kind))] if chunk is None
+            else [(chunk_digests, (data, chunk, first, count)) for first, count in _tasks(data, chunk)]
+        )  # fmt: skip
+        parts[name] = [
+            executor.submit(work, *args) if event is None else executor.submit(_after, event, work, *args)
+            for work, args in calls
+        ]
     return PendingHashes({name: parts[name] for name in buffers}, chunk is not None)
 
 
@@ -228,19 +241,25 @@ def host_buffers(tensors: Mapping[str, torch.Tensor]) -> tuple[dict[str, memoryv
     return {name: views[name] for name in tensors}, owners
 
 
-def hash_tensors(tensors: Mapping[str, torch.Tensor], kind: str, threads: int | None = None) -> dict[str, str]:
-    """name -> hash of every tensor under `kind`, on the pool (chunked hashes of CUDA tensors on the GPU:
-    `gpu_hash.hash_cuda_tensors`)."""
+class _Pending(Protocol):
+    def result(self) -> dict[str, str]: ...
+
+
+def submit_tensors(tensors: Mapping[str, torch.Tensor], kind: str, threads: int | None = None) -> _Pending:
+    """Start hashing every tensor under `kind` and return at once (`result()` waits): on the pool, or for a
+    chunked hash of CUDA tensors in the GPU kernel (`gpu_hash`), so the caller's own work overlaps it."""
     chunk = chunk_size(kind)
     if chunk is not None and tensors and all(t.is_cuda for t in tensors.values()):
         from versioned_lora.adapters import gpu_hash
 
-        return gpu_hash.hash_cuda_tensors(tensors, chunk)
-    buffers, owner = host_buffers(tensors)
-    pending = submit_buffers(buffers, kind, threads)
-    result = pending.result()
-    del owner
-    return result
+        return gpu_hash.start_cuda_hashes(tensors, chunk)
+    buffers, _owner = host_buffers(tensors)  # the views keep their memory alive
+    return submit_buffers(buffers, kind, threads)
+
+
+def hash_tensors(tensors: Mapping[str, torch.Tensor], kind: str, threads: int | None = None) -> dict[str, str]:
+    """name -> hash of every tensor under `kind` (see submit_tensors)."""
+    return submit_tensors(tensors, kind, threads).result()
 
 
 def tensor_hash(tensor: torch.Tensor, kind: str) -> str:
@@ -253,17 +272,20 @@ def slices(view: memoryview, spans: Iterable[tuple[str, int, int]]) -> dict[str,
     return {name: view[offset : offset + nbytes] for name, offset, nbytes in spans}
 
 
-def chunk_table(spans: Sequence[tuple[int, int]], chunk: int) -> tuple[list[int], list[int], list[int]]:
-    """For buffers at (offset, nbytes) in one flat buffer: every chunk's start and length in that buffer,
-    and for each buffer the index of its first chunk (plus a final entry: the total). This is the layout
-    `gpu_hash` hashes in one launch and `combine` folds back per buffer."""
-    starts: list[int] = []
-    lengths: list[int] = []
-    firsts: list[int] = []
-    for offset, nbytes in spans:
-        firsts.append(len(starts))
-        for begin in range(0, nbytes, chunk):
-            starts.append(offset + begin)
-            lengths.append(min(chunk, nbytes - begin))
-    firsts.append(len(starts))
-    return starts, lengths, firsts
+def chunk_table(spans: Sequence[tuple[int, int]], chunk: int) -> tuple[Any, Any, list[int]]:
+    """For buffers at (offset, nbytes) in one flat buffer: every chunk's start and length in that buffer (two
+    int64 numpy arrays), and for each buffer the index of its first chunk (plus a final entry: the total).
+    This is the layout `gpu_hash` hashes in one launch and `combine` folds back per buffer. (Vectorised: a
+    349 MB adapter has ~5,000 chunks of 64 KiB, and a Python loop over them costs milliseconds.)"""
+    import numpy as np
+
+    offsets = np.array([offset for offset, _ in spans], dtype=np.int64)
+    sizes = np.array([nbytes for _, nbytes in spans], dtype=np.int64)
+    counts = -(-sizes // chunk)
+    firsts = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+    total = int(firsts[-1])
+    owner = np.repeat(np.arange(len(spans), dtype=np.int64), counts)
+    within = (np.arange(total, dtype=np.int64) - firsts[:-1][owner]) * chunk
+    starts = offsets[owner] + within
+    lengths = np.minimum(chunk, sizes[owner] - within)
+    return starts, lengths, [int(f) for f in firsts]

@@ -37,7 +37,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from versioned_lora.adapters.hashing import HASH_SHA256, chunked_kind, hash_tensors, tensor_hash
+from versioned_lora.adapters.hashing import HASH_SHA256, chunked_kind, hash_tensors, submit_tensors, tensor_hash
 
 if TYPE_CHECKING:
     import torch
@@ -486,10 +486,16 @@ def manifest_from_tensors(
 ) -> Manifest:  # fmt: skip
     """The manifest of `tensors`, their hashes computed on a pool of `threads` (hashing.default_threads()
     by default); a v2 manifest of CUDA tensors is hashed on their GPU."""
-    described = {name: _describe(name, t) for name, t in tensors.items()}
     if sys.byteorder != "little":
         raise UnsupportedTensor("tensor hashing assumes a little-endian host")
-    hashes = hash_tensors(tensors, hash_kind, threads)
+    for name in tensors:
+        if not isinstance(name, str):
+            raise UnsupportedTensor(f"tensor name must be a string, got {name!r}")
+    for dtype in {t.dtype for t in tensors.values()}:
+        dtype_name(dtype)  # an unsupported dtype is refused before any hashing starts
+    pending = submit_tensors(tensors, hash_kind, threads)
+    described = {name: _describe(name, t) for name, t in tensors.items()}  # while the hashes are computed
+    hashes = pending.result()
     entries = (TensorEntry(name=n, dtype=d, shape=s, nbytes=b, sha256=hashes[n]) for n, (d, s, b) in described.items())
     return Manifest.create(entries, serving_config, hash_kind)
 

@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-from versioned_lora.adapters.manifest import Manifest, ManifestError, verify_tensors
+from versioned_lora.adapters.manifest import Manifest, ManifestError
+from versioned_lora.adapters.stash_verifier import StashVerifier
 from versioned_lora.adapters.transfer import (
     BucketPlan,
     PendingBucket,
@@ -59,6 +60,9 @@ class Stash:
     plan: BucketPlan
     manifest: Manifest
     group: str
+    # Hashes each bucket as it lands (on the hashing pool, or the GPU), so the verdict after the last
+    # bucket waits only for that bucket's tensors.
+    hashing: StashVerifier
     buffers: dict[int, Any] = attrs.field(factory=dict)  # bucket index -> its received bytes
     pending: dict[int, PendingBucket] = attrs.field(factory=dict)
     received: set[int] = attrs.field(factory=set)
@@ -135,7 +139,10 @@ class StashStore:
     # ---- stashes
     def allocate(self, attempt: str, plan_json: str, manifest_json: str, group: str) -> dict[str, Any]:
         if attempt not in self.stashes:
-            self.stashes[attempt] = Stash(BucketPlan.from_json(plan_json), Manifest.from_json(manifest_json), group)
+            plan, manifest = BucketPlan.from_json(plan_json), Manifest.from_json(manifest_json)
+            hashing = StashVerifier(manifest, plan)
+            hashing.prepare(self.device)
+            self.stashes[attempt] = Stash(plan, manifest, group, hashing)
         return {"buckets": len(self.stashes[attempt].plan.buckets)}
 
     def start_receive(self, attempt: str, index: int) -> dict[str, Any]:
@@ -166,6 +173,7 @@ class StashStore:
         stash.pending.pop(index, None)
         stash.buffers[index] = flat
         stash.received.add(index)
+        stash.hashing.bucket_landed(index, flat)  # returns at once; its errors come back as the verdict
         if len(stash.received) == len(stash.plan.buckets):
             # The last bucket is in: verify now, while the publisher's `end` is still on its way (the
             # digest checked is the manifest's, which `begin` matched against the declared one).
@@ -189,9 +197,10 @@ class StashStore:
 
     def _verify(self, stash: Stash, digest: str) -> dict[str, Any]:
         """Check the received tensors, as they will be loaded, against the manifest fixed at begin: names,
-        shapes, dtypes, per-tensor SHA-256, and that the manifest is the version reserved (`digest`)."""
+        shapes, dtypes, per-tensor hashes (computed as each bucket landed), and that the manifest is the
+        version reserved (`digest`)."""
         try:
-            verify_tensors(stash.manifest, stash.tensors, expected_digest=digest)
+            stash.hashing.finish(digest)
         except Exception as exc:  # whatever stops the check rejects the candidate (a verdict, never a hang)
             detail = str(exc) if isinstance(exc, ManifestError) else f"{type(exc).__name__}: {exc}"
             return {"ok": False, "detail": detail}
