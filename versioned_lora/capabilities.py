@@ -21,8 +21,10 @@ import os
 import secrets
 from collections.abc import Mapping
 from enum import StrEnum
+from pathlib import Path
 
 KEY_ENV = "VERSIONED_LORA_CAPABILITY_KEY"  # hex; the same value in the registry actor and every engine
+KEY_FILE_ENV = "VERSIONED_LORA_CAPABILITY_KEY_FILE"  # or: a file (0600) holding that hex, read at start
 PREFIX = "vlcap1."  # the format; a capability of another format is refused like a forged one
 _DOMAIN = b"versioned-lora capability v1"
 MAX_LENGTH = len(PREFIX) + 64
@@ -53,8 +55,20 @@ def parse_key(text: str) -> bytes:
 
 
 def key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
+    """The key from `KEY_ENV`, else from the file `KEY_FILE_ENV` names, else None (no key configured)."""
     text = environ.get(KEY_ENV)
+    if not text and environ.get(KEY_FILE_ENV):
+        text = Path(environ[KEY_FILE_ENV]).read_text()
     return None if not text else parse_key(text)
+
+
+def write_key_file(path: Path) -> Path:
+    """A new key in a file only its owner may read (the deployment gives its path to the registry and engines)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    descriptor = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(descriptor, "w") as out:
+        out.write(new_key() + "\n")
+    return path
 
 
 def _mac(key: bytes, action: Action, lora_name: str, reference: str) -> str:

@@ -123,7 +123,7 @@ class EngineStaging:
         try:
             return await work
         except ManagedRefusal as exc:
-            if exc.status_code in (409, 400, 401, 413):
+            if exc.status_code in (409, 400, 401, 403, 413):  # a typed refusal: nothing changed there
                 raise EngineRefused(exc.reason, str(exc)) from exc
             raise EngineUnreachable(str(exc)) from exc
         except (UnknownOutcome, httpx.HTTPError, OSError) as exc:

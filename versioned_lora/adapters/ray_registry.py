@@ -350,6 +350,7 @@ def create_registry_actor(
     detached: bool = False,
     max_restarts: int = -1,
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
+    capability_key_file: str | Path | None = None,
     options: dict[str, Any] | None = None,
 ) -> Any:
     """Create (or get, if it already exists) the named registry actor and wait until it has recovered.
@@ -357,7 +358,10 @@ def create_registry_actor(
     `journal_path` must survive the actor's process: on a multi-node cluster pin the actor to one node
     (`options={"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}`) or put the
     journal on a shared filesystem. `max_task_retries=0`: a call in flight when the actor dies fails to
-    its caller, who retries it with the same key (RayRegistry does), so nothing is applied twice."""
+    its caller, who retries it with the same key (RayRegistry does), so nothing is applied twice.
+
+    `capability_key_file`: the key file the engines also read (`versioned_lora.capabilities`); the actor
+    reads it in its own process, so the caller passes a path, never the key."""
     import ray
 
     actor_options: dict[str, Any] = {
@@ -369,6 +373,8 @@ def create_registry_actor(
         "num_cpus": 0,  # it is I/O-light bookkeeping; never let it wait for a CPU slot
         "get_if_exists": True,
         **({"lifetime": "detached"} if detached else {}),
+        **({"runtime_env": {"env_vars": {capabilities.KEY_FILE_ENV: str(capability_key_file)}}}
+           if capability_key_file is not None else {}),
         **(options or {}),
     }
     actor_class: Any = ray.remote(RegistryActor)

@@ -129,6 +129,7 @@ class Publisher:
         # The last commit, run as a task of its own so that neither a deadline nor the caller's
         # cancellation ends it before the registry answered (RFC §3.4: resolved by the same commit).
         self._commit_task: asyncio.Future[PublishOutcome] | None = None
+        self._reserve_keys: dict[tuple[VersionKey, str], str] = {}  # reserves whose reply was lost, by content
 
     # ---- entry points
     async def sync_incarnations(self) -> None:
@@ -159,16 +160,20 @@ class Publisher:
                                   detail=f"{candidate.lora_name!r} != {lora_name(version, candidate.digest)!r}")
         phases: dict[str, float] = {}
         self._last_progress = time.monotonic()
-        # A fresh key per publish call: the registry itself makes Reserve idempotent per (version, digest)
-        # and answers a replay with where the version is *now*; the key only deduplicates retries of
-        # this one call after a lost reply.
-        key = f"reserve:{version.epoch}:{version.version_id}:{candidate.digest}:{uuid.uuid4().hex}"
+        # A fresh key per publish call (a version cleaned after a failure may be reserved again: that is a new
+        # call, answered with a new attempt), except after a reserve whose reply was lost: publishing the same
+        # version and content again retries that very call, whose journaled answer names what to stage.
+        unresolved = (version, candidate.digest)
+        key = self._reserve_keys.pop(unresolved, None) or (
+            f"reserve:{version.epoch}:{version.version_id}:{candidate.digest}:{uuid.uuid4().hex}"
+        )
         try:
             answer = await self._timed(phases, "reserve", submit_until_known(
                 self.registry, Reserve(version, candidate.digest), key, self.deadlines.reserve
             ))
         except (PhaseDeadlineMissed, RegistryUnavailable) as exc:
-            # The reserve may have taken a slot: publishing the same version again replays it.
+            # The reserve may have taken a slot: publishing the same version again retries it under this key.
+            self._reserve_keys[unresolved] = key
             return PublishOutcome(PublishStatus.UNKNOWN, version, reason="RESERVE_OUTCOME_UNKNOWN",
                                   lora_name=candidate.lora_name, phases=phases, detail=str(exc))
         if isinstance(answer.result, Rejected):
