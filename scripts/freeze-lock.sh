@@ -5,6 +5,6 @@ cd "$(dirname "$0")/.."
 {
   sed -n '1,/^[^#]/{/^#/p}' requirements/cpu-lock.txt
   .venv/bin/python -m pip freeze --disable-pip-version-check \
-    | grep -v -iE '^(-e|versioned-lora|torch==|torchvision==|torchaudio|sglang==|triton==|nvidia-(cu|nccl|nvjit|nvshmem|nvtx))'
+    | grep -v -iE '^(-e|versioned-lora|torch==|torchvision==|torchaudio|sglang==|nvidia-(cu|nccl|nvjit|nvshmem|nvtx))'
 } > requirements/cpu-lock.txt.new
 mv requirements/cpu-lock.txt.new requirements/cpu-lock.txt
