@@ -5,6 +5,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
-# Coverage of the pure core is printed with every run (the spec/core issue asks for 100% statement
-# and branch coverage of versioned_lora/lifecycle).
-.venv/bin/python -m pytest --cov=versioned_lora/lifecycle --cov-branch --cov-report=term-missing "$@"
+# The pure core must keep 100% statement and branch coverage: the run fails under it. tests/lifecycle
+# alone reaches it, so any run that includes that folder passes (tests/lifecycle/test_coverage_policy.py).
+.venv/bin/python -m pytest --cov=versioned_lora/lifecycle --cov-branch --cov-report=term-missing \
+    --cov-fail-under=100 "$@"
