@@ -16,7 +16,7 @@ from engine_helpers import TEST_ENGINE_ARGS, TEST_TOKEN
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.fixtures import Fixtures, build_fixtures
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
+from versioned_lora.sglang_patches.managed.endpoints import SOURCE_ROOT_ENV, TOKEN_ENV
 
 ALLOWLIST_PATH = Path(__file__).with_name("skip_allowlist.txt")
 
@@ -86,7 +86,9 @@ def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Ite
             port=free_port_block(),
             log_path=log_dir / f"E{i}.log",
             extra_args=TEST_ENGINE_ARGS,
-            env={TOKEN_ENV: TEST_TOKEN},
+            # Disk-sourced begins read the fixture cache and the tests' own temporary directories.
+            env={TOKEN_ENV: TEST_TOKEN,
+                 SOURCE_ROOT_ENV: os.pathsep.join([str(fixtures.root), str(tmp_path_factory.getbasetemp())])},
         )
         for i in range(2)
     ]

@@ -1,6 +1,7 @@
 """``versioned-lora``: command-line entry points.
 
-- ``versioned-lora engine --port P --model DIR``: one SGLang engine with the versioned-lora patches.
+- ``versioned-lora engine --port P --model DIR``: one SGLang engine with the versioned-lora patches; with
+  the managed set and no ``$VERSIONED_LORA_TOKEN``, a new token is written 0600 to ``<log>.token``.
 - ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
   (``tiny``, the default, or ``qwen3-0.6b-shape``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
@@ -9,25 +10,57 @@
 from __future__ import annotations
 
 import argparse
+import os
+import secrets
 import signal
 import sys
 import time
 from pathlib import Path
 
-from versioned_lora.adapters.engine_process import DEFAULT_PATCHES, EngineConfig, EngineProcess
+from versioned_lora.adapters.engine_process import DEFAULT_PATCHES, EngineConfig, EngineProcess, default_log_path
 from versioned_lora.fixtures import FIXTURE_NAMES, TINY, build_fixtures
+from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV, TOKEN_HEADER
+
+
+def write_token_file(path: Path, token: str) -> Path:
+    """Write `token` to `path`, readable by its owner only (0600 from its creation, never wider)."""
+    staged = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    staged.unlink(missing_ok=True)
+    fd = os.open(staged, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as out:
+        out.write(token + "\n")
+    staged.replace(path)
+    return path
+
+
+def engine_token(patches: tuple[str, ...], log_path: Path) -> tuple[dict[str, str], Path | None]:
+    """The token a managed engine requires: $VERSIONED_LORA_TOKEN if set, else a new one written 0600
+    beside the log (`<log>.token`). Returns the engine's env and the file written, if any."""
+    if "managed" not in patches:
+        return {}, None
+    token = os.environ.get(TOKEN_ENV)
+    if token:
+        return {TOKEN_ENV: token}, None
+    token = secrets.token_hex(32)
+    return {TOKEN_ENV: token}, write_token_file(log_path.with_name(f"{log_path.name}.token"), token)
 
 
 def _engine(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else build_fixtures().model_dir
+    patches = tuple(p for p in args.patches.split(",") if p)
+    log_path = Path(args.log) if args.log else default_log_path(args.port)
+    env, token_file = engine_token(patches, log_path)
+    if token_file is not None:
+        print(f"managed-endpoint token written to {token_file} (mode 0600; send it as {TOKEN_HEADER})", flush=True)
     engine = EngineProcess(
         EngineConfig(
             model_dir=model_dir,
             port=args.port,
             host=args.host,
-            patches=tuple(p for p in args.patches.split(",") if p),
+            patches=patches,
             cpu=not args.gpu,
-            log_path=Path(args.log) if args.log else None,
+            log_path=log_path,
+            env=env,
         )
     )
     # SIGTERM while starting: leave through an exception, so `start` stops the half-started server.
@@ -76,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--model", help="model directory (default: the tiny Qwen3 fixture)")
     engine.add_argument("--patches", default=",".join(DEFAULT_PATCHES), help="comma-separated patch sets")
     engine.add_argument("--gpu", action="store_true", help="serve on CUDA (default: the CPU configuration)")
-    engine.add_argument("--log", help="log file (default /tmp/versioned_lora_engine_<port>.log)")
+    engine.add_argument("--log", help="log file (default /tmp/versioned_lora_engine_<port>.log); a generated "
+                        "token goes beside it, in <log>.token")
     engine.set_defaults(func=_engine)
 
     fixtures = sub.add_parser("fixtures", help="build a fixture Qwen3 and its adapters A, B, C")

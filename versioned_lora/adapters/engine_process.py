@@ -48,6 +48,10 @@ CPU_ARGS: tuple[str, ...] = (
 DEFAULT_PATCHES: tuple[str, ...] = ("cpu", "introspection", "managed")
 
 
+def default_log_path(port: int) -> Path:
+    return Path(f"/tmp/versioned_lora_engine_{port}.log")
+
+
 class EngineStartError(RuntimeError):
     """The engine did not become healthy; the message carries the tail of its log."""
 
@@ -105,7 +109,7 @@ class EngineProcess:
         env = {**os.environ, **self.config.env, PATCHES_ENV: ",".join(self.config.patches),
                EXIT_WITH_PARENT_ENV: "1"}  # a killed owner (no cleanup ran) must not leave the engine running
         env.setdefault("PYTHONUNBUFFERED", "1")
-        log_path = self.config.log_path or Path(f"/tmp/versioned_lora_engine_{self.config.port}.log")
+        log_path = self.config.log_path or default_log_path(self.config.port)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self._proc = subprocess.Popen(

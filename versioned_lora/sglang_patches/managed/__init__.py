@@ -3,6 +3,7 @@
 - `guards`: SGLang's ordinary load/unload/LRU/implicit-reload paths refuse managed names.
 - `engine_side`: the engine-side machine of the spec table, driven here, and its effects.
 - `endpoints`: ``/versioned_lora/{begin,receive_bucket,end,cleanup,reclaim}`` (+ status section).
+- `generate_gate`: what ``/generate`` and every other request path take (fields, vocabulary, cache keys).
 - `audit`: counters of pause/flush/abort_all/base-weight updates.
 
 Everything lives in the server (tokenizer-manager) process, where SGLang keeps its LoRARegistry;
@@ -15,7 +16,14 @@ import functools
 from typing import Any
 
 from versioned_lora.sglang_patches import introspection
-from versioned_lora.sglang_patches.managed import audit, endpoints, guards, scheduler_side, staging_channel
+from versioned_lora.sglang_patches.managed import (
+    audit,
+    endpoints,
+    generate_gate,
+    guards,
+    scheduler_side,
+    staging_channel,
+)
 from versioned_lora.sglang_patches.managed.engine_side import ManagedEngine
 from versioned_lora.sglang_patches.managed.staging import StockLoads
 from versioned_lora.sglang_patches.mechanism import replace_attribute
@@ -40,6 +48,13 @@ def current_engine() -> ManagedEngine:
     return _engine
 
 
+def _limits() -> generate_gate.Limits:
+    from sglang.srt.entrypoints import http_server
+
+    return generate_gate.Limits(http_server.get_global_state().tokenizer_manager,
+                                lambda: current_engine().names_by_lora_id.keys())
+
+
 class _LazyEngine:
     """Lets the endpoints be registered before the engine exists."""
 
@@ -57,12 +72,14 @@ def apply(role: str) -> None:
     from sglang.srt.lora.lora_registry import LoRARegistry
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
+    endpoints.require_token()  # before anything starts: a managed engine never runs without its token
     for method in ("load_lora_adapter", "load_lora_adapter_from_tensors"):
         _stock_loads.setdefault(method, getattr(TokenizerManager, method))
     staging_channel.choose_address()  # inherited by the scheduler process launch_server spawns
     audit.install()
     guards.install(may_serve=lambda name: current_engine().unavailable_state(name))
     _install_refcount_mirror(LoRARegistry)
+    generate_gate.install(limits=_limits)
     endpoints.install(http_server.app, _LazyEngine())  # type: ignore[arg-type]
     introspection.STATUS_EXTENSIONS.append(lambda _tm: endpoints.status_extension(current_engine()))
 
@@ -101,6 +118,12 @@ def _install_refcount_mirror(registry_class: Any) -> None:
 
     @functools.wraps(stock_release)
     async def release(self: Any, lora_id: Any) -> Any:
+        # TokenizerManager._release_lora_once schedules release(obj.lora_id) for every request that named a
+        # LoRA, also one refused before acquire ran (a guard, a bad field): then lora_id is None, stock
+        # release raises TypeError in a task nobody awaits, and the log fills with "Task exception was never
+        # retrieved". Nothing was acquired, so nothing is released.
+        if lora_id is None or (isinstance(lora_id, list) and all(one is None for one in lora_id)):
+            return None
         for one in lora_id if isinstance(lora_id, list) else [lora_id]:
             if one is not None:
                 current_engine().on_released(one)

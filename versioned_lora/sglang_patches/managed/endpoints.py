@@ -2,14 +2,19 @@
 
 Every answer carries the engine ``incarnation``. Outcomes of the protocol are 200 with a ``result``;
 expected refusals from the spec table (stale attempt, forged reclaim id, ...) are 409 with
-``{"error": {"reason", "row", "message"}}``; malformed bodies are 400, oversized bodies 413 (64 KiB; 16 MiB
-for ``begin``, which carries the manifest), a bad or missing shared-secret token 401 — and none of those
-change anything.
+``{"error": {"reason", "row", "message"}}``; bad input is refused before anything reads it, with
+``{"error": {"reason", "field", "message"}}``: malformed bodies and fields 400 (each endpoint takes a fixed set of
+fields, of exact types and bounds: `fields`), oversized bodies 413 (64 KiB; 16 MiB for ``begin``, which carries
+the manifest), a bad or missing shared-secret token 401 (the token is required: the patch set does not start
+without one) — and none of those change anything. A candidate refused after its load (a non-finite probe) is
+422, and cleaned.
 """
 
 from __future__ import annotations
 
+import functools
 import hmac
+import logging
 import os
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -18,17 +23,32 @@ from typing import Any
 import attrs
 from fastapi import Request  # module level: FastAPI resolves the endpoint's annotation here
 
-from versioned_lora.adapters.manifest import Manifest, ManifestError, UnsupportedManifest
+from versioned_lora import capabilities
+from versioned_lora.adapters.manifest import KNOWN_HASH_KINDS, Manifest, ManifestError
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
-from versioned_lora.sglang_patches.managed import audit, staging_channel
-from versioned_lora.sglang_patches.managed.engine_side import EngineOperationError, ManagedEngine, ProtocolRefusal
+from versioned_lora.sglang_patches.managed import audit, fields, staging_channel
+from versioned_lora.sglang_patches.managed.engine_side import (
+    CandidateRefused,
+    EngineOperationError,
+    ManagedEngine,
+    ProtocolRefusal,
+)
+from versioned_lora.sglang_patches.managed.fields import BadRequest
 from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.managed.staging import DiskSource, DistributedSource, StagingFailed, StagingSource
 from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallFailed
+from versioned_lora.spec.identities import InvalidIdentity, check_lora_name
+
+logger = logging.getLogger(__name__)
 
 PREFIX = "/versioned_lora"
+# The managed protocol's version, advertised in /versioned_lora/status; bumped on any change to what the
+# endpoints take or answer that an older publisher would misread.
+PROTOCOL_VERSION = 2
+MIN_TOKEN_LEN = 16
 TOKEN_ENV = "VERSIONED_LORA_TOKEN"
 TOKEN_HEADER = "x-versioned-lora-token"
+SOURCE_ROOT_ENV = "VERSIONED_LORA_SOURCE_ROOT"
 MAX_CONTROL_BODY = 64 * 1024  # control messages are small; tensors travel over torch.distributed
 # `begin` carries the manifest, about 200 bytes a tensor: a LoRA on every linear module of an 8B model
 # (504 tensors) is ~100 KB, a mixture-of-experts LoRA can be tens of thousands of tensors.
@@ -38,43 +58,102 @@ DEFAULT_BUCKET_DEADLINE_S = 30.0
 SUPPORTED_DTYPES = frozenset({"float32", "bfloat16", "float16"})
 
 
-class BadRequest(Exception):
-    def __init__(self, code: str, message: str, status: int = 400) -> None:
-        super().__init__(message)
-        self.code = code
-        self.status = status
-
-
-def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...]) -> Any:
-    value = body.get(name)
-    if not isinstance(value, kind) or (isinstance(value, bool) and kind is int):
-        raise BadRequest("MALFORMED_REQUEST", f"field {name!r} must be {getattr(kind, '__name__', kind)}")
-    return value
-
-
-def _managed_name(body: dict[str, Any]) -> str:
-    name = _field(body, "lora_name", str)
+def _managed_name(body: dict[str, Any], digest: str | None = None) -> str:
+    """The request's managed name, inside the name grammar (spec/identities.py); with `digest`, a name
+    whose digest part is that digest's prefix."""
+    name = fields.string(body, "lora_name", max_len=MAX_CONTROL_BODY)  # the grammar bounds it, with a reason
     if not is_managed_name(name):
-        raise BadRequest("NOT_MANAGED", f"{name!r} is not a versioned-lora managed name")
+        raise BadRequest("NOT_MANAGED", f"{name[:80]!r} is not a versioned-lora managed name", field="lora_name")
+    try:
+        check_lora_name(name, digest)
+    except InvalidIdentity as exc:
+        code = "NAME_DIGEST_MISMATCH" if digest is not None and exc.part == "digest" else "INVALID_NAME"
+        raise BadRequest(code, str(exc), field="lora_name") from exc
     return name
+
+
+def _attempt_token(body: dict[str, Any]) -> str:
+    return fields.string(body, "attempt_token", fields.TOKEN_RE, max_len=256)
+
+
+def _incarnation(body: dict[str, Any]) -> int:
+    return fields.integer(body, "incarnation")
+
+
+def source_roots() -> list[Path]:
+    """The directory trees a disk-sourced `begin` may read: ``$VERSIONED_LORA_SOURCE_ROOT``, one path or several
+    separated by ``os.pathsep``; default: the fixture cache, where `versioned-lora fixtures` writes its adapters."""
+    configured = [part for part in os.environ.get(SOURCE_ROOT_ENV, "").split(os.pathsep) if part]
+    if not configured:
+        from versioned_lora.fixtures import cache_root
+
+        configured = [str(cache_root())]
+    return [Path(part).resolve() for part in configured]
+
+
+def confined_source(raw: str) -> Path:
+    """`raw` resolved (every symlink followed) to a directory inside one of `source_roots()`, whose files all
+    resolve inside that root too: a link inside a root cannot make the engine read a file outside."""
+    roots = source_roots()
+    try:
+        path = Path(raw).resolve(strict=True)
+        entries = [entry.resolve(strict=True) for entry in path.iterdir()] if path.is_dir() else []
+    except (OSError, RuntimeError, ValueError) as exc:
+        raise BadRequest("SOURCE_PATH_REFUSED", f"source_path cannot be read: {type(exc).__name__}",
+                         field="source_path") from exc
+    inside = any(path.is_relative_to(root) and all(e.is_relative_to(root) for e in entries) for root in roots)
+    if not path.is_dir() or not inside:
+        raise BadRequest("SOURCE_PATH_REFUSED", f"source_path must be a directory inside ${SOURCE_ROOT_ENV} "
+                         f"({os.pathsep.join(map(str, roots))}), symlinks resolved", field="source_path")
+    return path
+
+
+# The fields each endpoint reads; any other field is refused (UNKNOWN_FIELD).
+_INIT_GROUP_FIELDS = frozenset({"group_name", "master_address", "master_port", "timeout_s"})
+_BEGIN_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "digest", "manifest", "source_path",
+                           "max_bucket_bytes", "plan_digest", "group_name", "bucket_deadline_s"})
+_BUCKET_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "index"})
+_END_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "probe_input_ids"})
+_CLEANUP_FIELDS = frozenset({"lora_name", "attempt_token", "capability"})
+_RECLAIM_FIELDS = frozenset({"lora_name", "reclaim_id", "wait_s", "capability"})
+MAX_PROBE_TOKENS = 256
+MAX_WAIT_S = 600.0
 
 
 @attrs.define
 class ManagedAPI:
     engine: ManagedEngine
+    # The registry's key (versioned_lora.capabilities): with one, a cleanup or reclaim is carried out only
+    # on a valid capability for that exact name, action and attempt/reclaim id (issue 19: a reclaim with
+    # another version's reclaim id unloaded the live default). Read once, at start.
+    capability_key: bytes | None = attrs.field(factory=capabilities.key_from_env)
+
+    def _authorize(self, body: dict[str, Any], action: capabilities.Action, name: str, reference: str) -> None:
+        if self.capability_key is None:
+            return
+        given = body.get("capability")
+        if given is None:
+            raise BadRequest("CAPABILITY_MISSING", f"{action} of {name!r} needs the registry's capability", 403,
+                             field="capability")
+        if not capabilities.verify(self.capability_key, given, action, name, reference):
+            raise BadRequest("CAPABILITY_INVALID", f"the capability is not the registry's for {action} of {name!r} "
+                             f"under {reference!r}", 403, field="capability")
 
     async def init_group(self, body: dict[str, Any]) -> Any:
         """Join this engine's two-rank transfer group (rank 1); the publisher joins as rank 0
         concurrently. One group per engine incarnation, so one engine's death cannot break another's."""
-        name = _field(body, "group_name", str)
+        fields.only(body, _INIT_GROUP_FIELDS, "init_group")
+        name = fields.string(body, "group_name", fields.TOKEN_RE, max_len=256)
         if str(self.engine.incarnation) not in name:
             raise BadRequest(
-                "STALE_INCARNATION", f"group {name!r} is not named for incarnation {self.engine.incarnation}", 409
+                "STALE_INCARNATION", f"group {name!r} is not named for incarnation {self.engine.incarnation}", 409,
+                field="group_name",
             )
-        timeout_s = float(_field(body, "timeout_s", int | float))
-        await staging_channel.call("init_group", name=name,
-                                   master_address=_field(body, "master_address", str),
-                                   master_port=_field(body, "master_port", int), timeout_s=timeout_s)
+        master_address = fields.string(body, "master_address", fields.HOST_RE, max_len=255)
+        master_port = fields.integer(body, "master_port", 1, 65535)
+        timeout_s = fields.number(body, "timeout_s", 0.0, MAX_WAIT_S, low_open=True)
+        await staging_channel.call("init_group", name=name, master_address=master_address,
+                                   master_port=master_port, timeout_s=timeout_s)
         answer = await staging_channel.poll("poll_group", lambda a: a["state"] != "JOINING", timeout_s, name=name)
         if answer is None or answer["state"] != "READY":
             raise BadRequest("GROUP_FAILED", f"transfer group {name!r} did not form: {answer}", status=502)
@@ -82,46 +161,53 @@ class ManagedAPI:
 
     async def begin(self, body: dict[str, Any]) -> Any:
         audit.COUNTS["managed_begin"] += 1  # every begin that reached this engine, accepted or not
-        name = _managed_name(body)
+        fields.only(body, _BEGIN_FIELDS, "begin")
+        _managed_name(body)
         try:
-            manifest = Manifest.from_json(_field(body, "manifest", str))
-        except UnsupportedManifest as exc:  # a format version or hash kind this engine does not know
-            raise BadRequest("UNSUPPORTED_MANIFEST", str(exc)) from exc
+            manifest = Manifest.from_json(fields.string(body, "manifest", max_len=MAX_BEGIN_BODY))
         except ManifestError as exc:
-            raise BadRequest("MALFORMED_MANIFEST", str(exc)) from exc
-        digest = _field(body, "digest", str)
+            raise BadRequest("MALFORMED_MANIFEST", str(exc), field="manifest") from exc
+        digest = fields.string(body, "digest", fields.HEX64_RE, max_len=64)
         if manifest.digest != digest:
-            raise BadRequest("DIGEST_MISMATCH", f"manifest digest {manifest.digest} != declared {digest}")
-        identity = {
+            raise BadRequest("DIGEST_MISMATCH", f"manifest digest {manifest.digest} != declared {digest}",
+                             field="digest")
+        name = _managed_name(body, digest)  # its digest part is the manifest's
+        identity: dict[str, Any] = {
             "lora_name": name,
-            "attempt_token": _field(body, "attempt_token", str),
-            "incarnation": _field(body, "incarnation", int),
+            "attempt_token": _attempt_token(body),
+            "incarnation": _incarnation(body),
             "digest": digest,
             "manifest": manifest,
         }
         self._check_resources(manifest, identity)
         source: StagingSource
         if "source_path" in body:
-            source = DiskSource(**identity, path=Path(_field(body, "source_path", str)))
+            path = confined_source(fields.string(body, "source_path", max_len=4096))
+            source = DiskSource(**identity, path=path)
         else:
             plan = self._plan(body, manifest)
             source = DistributedSource(
                 **identity, plan_json=plan.to_json(), bucket_count=len(plan.buckets),
-                group_name=_field(body, "group_name", str),
-                bucket_deadline_s=float(body.get("bucket_deadline_s", DEFAULT_BUCKET_DEADLINE_S)),
+                group_name=fields.string(body, "group_name", fields.TOKEN_RE, max_len=256),
+                bucket_deadline_s=fields.number(body, "bucket_deadline_s", 0.0, MAX_WAIT_S,
+                                                default=DEFAULT_BUCKET_DEADLINE_S, low_open=True),
             )
         return await self.engine.begin(source)
 
     def _plan(self, body: dict[str, Any], manifest: Manifest) -> BucketPlan:
-        max_bucket_bytes = _field(body, "max_bucket_bytes", int)
-        if not 0 < max_bucket_bytes <= MAX_BUCKET_BYTES:
-            raise BadRequest("BUCKET_TOO_LARGE", f"max_bucket_bytes {max_bucket_bytes} not in (0, {MAX_BUCKET_BYTES}]")
+        max_bucket_bytes = body.get("max_bucket_bytes")
+        if type(max_bucket_bytes) is int and not 0 < max_bucket_bytes <= MAX_BUCKET_BYTES:
+            raise BadRequest("BUCKET_TOO_LARGE", f"max_bucket_bytes {max_bucket_bytes} not in (0, {MAX_BUCKET_BYTES}]",
+                             field="max_bucket_bytes")
+        max_bucket_bytes = fields.integer(body, "max_bucket_bytes", 1, MAX_BUCKET_BYTES)
+        plan_digest = fields.string(body, "plan_digest", fields.HEX64_RE, max_len=64)
         try:
             plan = BucketPlan.build(manifest, max_bucket_bytes)
         except TransferError as exc:
-            raise BadRequest("BUCKET_TOO_LARGE", str(exc)) from exc
-        if plan.digest() != _field(body, "plan_digest", str):
-            raise BadRequest("PLAN_MISMATCH", "the publisher's bucket plan differs from the one rebuilt here")
+            raise BadRequest("BUCKET_TOO_LARGE", str(exc), field="max_bucket_bytes") from exc
+        if plan.digest() != plan_digest:
+            raise BadRequest("PLAN_MISMATCH", "the publisher's bucket plan differs from the one rebuilt here",
+                             field="plan_digest")
         return plan
 
     def _check_resources(self, manifest: Manifest, identity: dict[str, Any]) -> None:
@@ -137,7 +223,8 @@ class ManagedAPI:
         if int(config.get("r", 0)) > int(lora.max_lora_rank or 0):
             raise BadRequest("UNSUPPORTED_ADAPTER", f"rank {config.get('r')} > max_lora_rank {lora.max_lora_rank}")
         served = set(lora.lora_target_modules or ())
-        wanted = set(config.get("target_modules") or ())
+        wanted = config.get("target_modules") or ()
+        wanted = {wanted} if isinstance(wanted, str) else set(wanted)  # a regex string names no module set
         if served and "all" not in served and not wanted <= served:
             raise BadRequest("UNSUPPORTED_ADAPTER", f"target modules {sorted(wanted - served)} not served here")
         dtypes = {entry.dtype for entry in manifest.tensors}
@@ -148,27 +235,34 @@ class ManagedAPI:
             raise BadRequest("NO_FREE_SLOT", "every managed slot on this engine is taken", status=409)
 
     async def receive_bucket(self, body: dict[str, Any]) -> Any:
+        fields.only(body, _BUCKET_FIELDS, "receive_bucket")
         return await self.engine.receive_bucket(
-            _managed_name(body), _field(body, "attempt_token", str), _field(body, "incarnation", int),
-            _field(body, "index", int),
+            _managed_name(body), _attempt_token(body), _incarnation(body), fields.integer(body, "index", 0, 2**31 - 1),
         )
 
     async def end(self, body: dict[str, Any]) -> Any:
-        probe = body.get("probe_input_ids", [1, 2, 3, 4])
-        if not isinstance(probe, list) or not probe or not all(isinstance(t, int) for t in probe):
-            raise BadRequest("MALFORMED_REQUEST", "probe_input_ids must be a non-empty list of token ids")
-        return await self.engine.end(
-            _managed_name(body), _field(body, "attempt_token", str), _field(body, "incarnation", int), probe
-        )
+        fields.only(body, _END_FIELDS, "end")
+        name, attempt_token, incarnation = _managed_name(body), _attempt_token(body), _incarnation(body)
+        # Checked before the step: an out-of-vocabulary probe reached the embedding layer of a loaded candidate
+        # and took the scheduler down (issue 19).
+        tm = self.engine.tm
+        probe = fields.token_ids(body.get("probe_input_ids", [1, 2, 3, 4]), "probe_input_ids",
+                                 int(tm.model_config.vocab_size), min(MAX_PROBE_TOKENS, int(tm.context_len) - 2))
+        return await self.engine.end(name, attempt_token, incarnation, probe)
 
     async def cleanup(self, body: dict[str, Any]) -> Any:
-        return await self.engine.cleanup(_managed_name(body), _field(body, "attempt_token", str))
+        fields.only(body, _CLEANUP_FIELDS, "cleanup")
+        name, attempt_token = _managed_name(body), _attempt_token(body)
+        self._authorize(body, capabilities.Action.CLEANUP, name, attempt_token)
+        return await self.engine.cleanup(name, attempt_token)
 
     async def reclaim(self, body: dict[str, Any]) -> Any:
-        wait_s = body.get("wait_s", 0.0)
-        if not isinstance(wait_s, int | float) or wait_s < 0 or wait_s > 600:
-            raise BadRequest("MALFORMED_REQUEST", "wait_s must be a number in [0, 600]")
-        return await self.engine.reclaim(_managed_name(body), _field(body, "reclaim_id", str), float(wait_s))
+        fields.only(body, _RECLAIM_FIELDS, "reclaim")
+        name = _managed_name(body)
+        reclaim_id = fields.string(body, "reclaim_id", fields.TOKEN_RE, max_len=256)
+        wait_s = fields.number(body, "wait_s", 0.0, MAX_WAIT_S, default=0.0)
+        self._authorize(body, capabilities.Action.RECLAIM, name, reclaim_id)
+        return await self.engine.reclaim(name, reclaim_id, wait_s)
 
 
 def _to_json(value: Any) -> Any:
@@ -183,11 +277,31 @@ def _to_json(value: Any) -> Any:
     return str(value)
 
 
+class MissingToken(RuntimeError):
+    """The managed patch set does not start without a shared-secret token: managed endpoints change what an
+    engine serves, and an engine without a token would take those calls from anyone who can reach its port."""
+
+
+def require_token() -> str:
+    secret = os.environ.get(TOKEN_ENV, "")
+    if len(secret) < MIN_TOKEN_LEN:
+        raise MissingToken(
+            f"versioned-lora managed engines need ${TOKEN_ENV} of at least {MIN_TOKEN_LEN} characters "
+            f"({'unset' if not secret else f'{len(secret)} given'}); `versioned-lora engine` generates one"
+        )
+    return secret
+
+
+def token_matches(given: str, secret: str) -> bool:
+    # Constant-time in the secret's content; bytes, so a non-ASCII header cannot raise.
+    return hmac.compare_digest(given.encode("utf-8", "surrogateescape"), secret.encode("utf-8"))
+
+
 def install(app: Any, engine: ManagedEngine) -> None:
     from fastapi.responses import ORJSONResponse
 
     api = ManagedAPI(engine)
-    secret = os.environ.get(TOKEN_ENV) or None
+    secret = require_token()
 
     def envelope(status: int, **payload: Any) -> Any:
         return ORJSONResponse({"incarnation": engine.incarnation, **payload}, status_code=status)
@@ -199,7 +313,7 @@ def install(app: Any, engine: ManagedEngine) -> None:
             return envelope(413, error={"reason": "BODY_TOO_LARGE", "message": f"{size} bytes > {max_body}"})
 
         async def endpoint(request: Request) -> Any:
-            if secret is not None and not hmac.compare_digest(request.headers.get(TOKEN_HEADER, ""), secret):
+            if not token_matches(request.headers.get(TOKEN_HEADER, ""), secret):
                 return envelope(401, error={"reason": "UNAUTHORIZED", "message": "bad or missing token"})
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_body:  # refused before reading it
@@ -207,20 +321,23 @@ def install(app: Any, engine: ManagedEngine) -> None:
             raw = await request.body()
             if len(raw) > max_body:
                 return too_large(len(raw))
+            body: Any = None
             try:
                 import orjson
 
                 body = orjson.loads(raw or b"{}")
                 if not isinstance(body, dict):
-                    raise BadRequest("MALFORMED_REQUEST", "body must be a JSON object")
+                    raise BadRequest("MALFORMED_REQUEST", f"body must be a JSON object, got {type(body).__name__}")
                 result = handler(body)
                 if isinstance(result, Awaitable):
                     result = await result
             except BadRequest as exc:
-                return envelope(exc.status, error={"reason": exc.code, "message": str(exc)})
+                return envelope(exc.status, error=exc.payload())
             except ProtocolRefusal as exc:
                 return envelope(409, error={"reason": str(exc.rejected.reason), "row": exc.rejected.row,
                                             "message": str(exc)})
+            except CandidateRefused as exc:
+                return envelope(422, error={"reason": exc.code, "message": str(exc)})
             except EngineOperationError as exc:
                 return envelope(500, error={"reason": exc.code, "message": str(exc)})
             except StagingFailed as exc:
@@ -228,8 +345,11 @@ def install(app: Any, engine: ManagedEngine) -> None:
                                 error={"reason": exc.code, "message": str(exc)})
             except SchedulerCallFailed as exc:
                 return envelope(500, error={"reason": "SCHEDULER_CALL_FAILED", "message": str(exc)})
-            except ValueError as exc:  # orjson.JSONDecodeError is a ValueError
+            except ValueError as exc:  # orjson.JSONDecodeError is a ValueError: not JSON, NaN, non-UTF-8, too deep
                 return envelope(400, error={"reason": "MALFORMED_REQUEST", "message": str(exc)})
+            except Exception as exc:  # a bug: still a typed answer, never a raw traceback past the handler
+                logger.exception("versioned-lora managed endpoint %s failed", request.url.path)
+                return envelope(500, error={"reason": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"})
             return envelope(200, result=_to_json(result), adapter=_adapter_view(engine, body))
 
         return endpoint
@@ -255,4 +375,20 @@ async def status_extension(engine: ManagedEngine) -> dict[str, Any]:
         scheduler = await staging_channel.call("status")
     except SchedulerCallFailed as exc:
         scheduler = {"error": str(exc)}
-    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler}
+    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler, "protocol": protocol()}
+
+
+@functools.cache
+def _capabilities_required() -> bool:
+    return capabilities.key_from_env() is not None  # the same environment ManagedAPI read its key from
+
+
+def protocol() -> dict[str, Any]:
+    """What a publisher checks before its first begin: the protocol version it speaks, the manifest formats
+    and hash kinds this engine verifies, and whether reclaim/cleanup need a registry capability."""
+    return {
+        "version": PROTOCOL_VERSION,
+        "manifest_formats": sorted(KNOWN_HASH_KINDS),
+        "manifest_hash_kinds": sorted(set(KNOWN_HASH_KINDS.values())),
+        "capabilities_required": _capabilities_required(),
+    }

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from typing import Any
 
@@ -64,6 +65,15 @@ class ProtocolRefusal(Exception):
 
 class EngineOperationError(Exception):
     """SGLang failed an operation the protocol asked for (a load or unload); typed for the caller."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code = code
+
+
+class CandidateRefused(Exception):
+    """The engine refused a candidate it had loaded (its probe came back non-finite) and cleaned it again;
+    typed for the caller (`code`)."""
 
     def __init__(self, code: str, message: str) -> None:
         super().__init__(f"{code}: {message}")
@@ -158,8 +168,25 @@ class ManagedEngine:
             raise ProtocolRefusal(result, verdict.detail if verdict is not None and not verdict.ok else "")
         instance = self.loaded.get(name)
         if instance is not None and instance.probe is None:
-            instance.probe = await self._probe(name, probe_input_ids)
+            probe = await self._probe(name, probe_input_ids)
+            if not math.isfinite(probe["logprob"]):
+                await self._refuse_candidate(name, attempt_token, probe)
+            instance.probe = probe
         return result
+
+    async def _refuse_candidate(self, name: str, attempt_token: str, probe: dict[str, Any]) -> None:
+        """A candidate whose probe is not finite (NaN/Inf weights that passed the manifest, which checks bytes,
+        not values) is never READY to anyone: clean it through the table's cleanup row, then refuse."""
+        # The probe's native reference is released by a task SGLang schedules (_release_lora_once).
+        for _ in range(200):
+            adapter = self.adapter(name)
+            if adapter is None or adapter.native_refs == 0:
+                break
+            await asyncio.sleep(0.01)
+        _, effects = self.step_or_refuse(CleanupAttempt(name, attempt_token))
+        await self._run_effects(effects, attempt_token)
+        raise CandidateRefused("PROBE_NOT_FINITE", f"probe of {name!r} gave logprob {probe['logprob']} "
+                               f"(token {probe['token_id']}); the candidate was cleaned")
 
     async def cleanup(self, name: str, attempt_token: str) -> Any:
         result, effects = self.step_or_refuse(CleanupAttempt(name, attempt_token))
@@ -260,7 +287,9 @@ class ManagedEngine:
         output = await self.tm.generate_request(request, None).__anext__()
         meta = output["meta_info"]
         first = meta["output_token_logprobs"][0]
-        return {"token_id": int(first[1]), "logprob": float(first[0]), "cached_tokens": meta.get("cached_tokens", 0)}
+        # A non-finite logprob may come back as NaN or, once through a JSON layer, as None: both are not finite.
+        logprob = float(first[0]) if isinstance(first[0], int | float) else math.nan
+        return {"token_id": int(first[1]), "logprob": logprob, "cached_tokens": meta.get("cached_tokens", 0)}
 
     # ---------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:
