@@ -24,7 +24,7 @@ import attrs
 from fastapi import Request  # module level: FastAPI resolves the endpoint's annotation here
 
 from versioned_lora import capabilities
-from versioned_lora.adapters.manifest import KNOWN_HASH_KINDS, Manifest, ManifestError
+from versioned_lora.adapters.manifest import KNOWN_HASH_KINDS, Manifest, ManifestError, UnsupportedManifest
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
 from versioned_lora.sglang_patches.managed import audit, fields, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import (
@@ -165,6 +165,8 @@ class ManagedAPI:
         _managed_name(body)
         try:
             manifest = Manifest.from_json(fields.string(body, "manifest", max_len=MAX_BEGIN_BODY))
+        except UnsupportedManifest as exc:  # a format version or hash kind this engine does not know
+            raise BadRequest("UNSUPPORTED_MANIFEST", str(exc)) from exc
         except ManifestError as exc:
             raise BadRequest("MALFORMED_MANIFEST", str(exc), field="manifest") from exc
         digest = fields.string(body, "digest", fields.HEX64_RE, max_len=64)
