@@ -71,6 +71,13 @@ def _engine_domain(registry: RegistryState, engines: Iterable[EngineAdapterState
     return EngineEventDomain(plans, tuple(sorted(tokens | {STALE_TOKEN})), rids, MAX_INCARNATION)
 
 
+class PropertyViolation(AssertionError):
+    """A step property (model_checks.step_properties) or a spec invariant failed. With the core's
+    own InvariantViolation (invariants, frame) and ProtocolError (a pair no row covers), the only
+    failures that count as a property violation (scripts/mutate_spec.py tells them from any other
+    exception, e.g. an assert inside an update that a mutant reached)."""
+
+
 @attrs.define
 class Firings:
     """Row firings of a run, kept apart by where the step came from: `random` counts only the steps
@@ -175,7 +182,8 @@ def build_machine(core: Core = CORE, firings: Firings | None = None) -> type[Rul
                 problems = engine_step_problems(before, event, f.state, f.result, f.effects)  # type: ignore[arg-type]
                 self.engines[where] = f.state  # type: ignore[assignment]
             fired[f.row.id] += 1
-            assert not problems, f"{event!r} via {f.row.id}: " + "; ".join(problems)
+            if problems:
+                raise PropertyViolation(f"{event!r} via {f.row.id}: " + "; ".join(problems))
 
         @precondition(lambda self: "<no row>" in self.options())
         @rule(data=st.data())
@@ -221,9 +229,9 @@ def build_machine(core: Core = CORE, firings: Firings | None = None) -> type[Rul
         @invariant()
         def spec_invariants(self) -> None:
             if hasattr(self, "registry"):
-                assert not violated(self.registry), violated(self.registry)
-                for engine in self.engines.values():
-                    assert not engine_violated(engine), engine_violated(engine)
+                problems = [*violated(self.registry), *(p for e in self.engines.values() for p in engine_violated(e))]
+                if problems:
+                    raise PropertyViolation("; ".join(problems))
 
     TableMachine.__name__ = TableMachine.__qualname__ = "TableMachine"
     return TableMachine
