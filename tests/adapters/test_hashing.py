@@ -363,3 +363,19 @@ def test_chunk_table_lists_every_chunk_of_every_buffer() -> None:
         assert list(zip(starts.tolist(), lengths.tolist(), strict=True)) == expected
         counts = [-(-n // chunk) for _, n in spans]
         assert firsts == [sum(counts[:i]) for i in range(len(spans) + 1)]
+
+
+def test_a_snapshot_can_be_taken_as_manifest_v2_and_verifies_as_v2() -> None:
+    from versioned_lora.adapters.snapshot import snapshot_from_tensors
+
+    rng = torch.Generator().manual_seed(2)
+    tensors = {f"base_model.model.layers.{i}.q_proj.lora_{ab}.weight": torch.randn(shape, generator=rng)
+               for i in range(3) for ab, shape in (("A", (8, 96)), ("B", (96, 8)))}  # fmt: skip
+    v1 = snapshot_from_tensors(tensors, CONFIG)
+    v2 = snapshot_from_tensors(tensors, CONFIG, hash_kind=V2_HASH)
+    assert v1.manifest.hash_kind == "sha256" and v2.manifest.hash_kind == V2_HASH
+    assert v2.manifest == manifest_from_tensors(v2.tensors, v2.serving_config, hash_kind=V2_HASH)
+    assert v2.digest != v1.digest
+    v2.verify()
+    with pytest.raises(UnsupportedManifest):
+        snapshot_from_tensors(tensors, CONFIG, hash_kind="sha256-chunked-4096")

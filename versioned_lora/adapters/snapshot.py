@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from versioned_lora.adapters.hashing import HASH_SHA256, chunk_size
 from versioned_lora.adapters.manifest import Manifest, canonical_serving_config, manifest_from_tensors, verify_tensors
 
 if TYPE_CHECKING:
@@ -182,10 +183,25 @@ def _freeze(
     serving_config: dict[str, Any],
     live: Iterable[torch.Tensor],
     dtype: torch.dtype | None,
+    hash_kind: str = HASH_SHA256,
 ) -> Snapshot:
-    """Copy to CPU, prove the copies share no storage with `live` or each other, hash them."""
+    """Copy to CPU, prove the copies share no storage with `live` or each other, hash them.
+
+    A v2 snapshot (`hash_kind` chunked) of tensors that are all on one GPU is hashed there instead, by the
+    chunk kernel, on the current stream, and the CPU copies are taken after it on that same stream: nothing
+    can change between the hash and the copy, because both read the tensors in stream order with no kernel
+    between them, and the host waits for the hashes before the copies are enqueued (a trainer writes its
+    parameters only from its own step, which does not run while this call holds the thread that drives it;
+    a writer on another stream would break the snapshot contract itself, hash or not). The snapshot stays a
+    CPU copy (RFC §3.1); the digest is the same bytes either way (adapters/hashing.py)."""
     import torch
 
+    on_gpu = (
+        chunk_size(hash_kind) is not None and dtype is None and len(tensors) > 0
+        and all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors.values())
+        and len({t.device for t in tensors.values()}) == 1
+    )  # fmt: skip
+    gpu_manifest = manifest_from_tensors(tensors, serving_config, hash_kind=hash_kind) if on_gpu else None
     copies: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
@@ -197,15 +213,17 @@ def _freeze(
     copy_ptrs = [c.untyped_storage().data_ptr() for c in copies.values() if c.untyped_storage().nbytes() > 0]
     if live_ptrs & set(copy_ptrs) or len(set(copy_ptrs)) != len(copy_ptrs):
         raise SnapshotError("snapshot tensors share storage with the live parameters or each other")
-    manifest = manifest_from_tensors(copies, serving_config)
+    manifest = gpu_manifest or manifest_from_tensors(copies, serving_config, hash_kind=hash_kind)
     ordered = {name: copies[name] for name in manifest.names}
     return Snapshot(tensors=MappingProxyType(ordered), manifest=manifest)
 
 
 def snapshot_from_peft_model(
-    model: Any, adapter_name: str = "default", base_model: str | None = None, dtype: torch.dtype | None = None
-) -> Snapshot:
-    """Snapshot adapter `adapter_name` of a live `PeftModel`, as `save_pretrained` would name and save it."""
+    model: Any, adapter_name: str = "default", base_model: str | None = None, dtype: torch.dtype | None = None,
+    hash_kind: str = HASH_SHA256,
+) -> Snapshot:  # fmt: skip
+    """Snapshot adapter `adapter_name` of a live `PeftModel`, as `save_pretrained` would name and save it.
+    `hash_kind`: the manifest's (manifest v1 "sha256" by default, or manifest.V2_HASH)."""
     from peft import get_peft_model_state_dict
 
     if adapter_name not in model.peft_config:
@@ -213,10 +231,12 @@ def snapshot_from_peft_model(
     state = get_peft_model_state_dict(model, adapter_name=adapter_name)
     live = [*model.parameters(), *model.buffers()]
     config = serving_config_from_peft(model.peft_config[adapter_name], base_model)
-    return _freeze(state, config, live, dtype)
+    return _freeze(state, config, live, dtype, hash_kind)
 
 
-def snapshot_from_adapter_dir(path: str | os.PathLike[str], base_model: str | None = None) -> Snapshot:
+def snapshot_from_adapter_dir(
+    path: str | os.PathLike[str], base_model: str | None = None, hash_kind: str = HASH_SHA256
+) -> Snapshot:
     """Snapshot a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
     from safetensors.torch import load_file
 
@@ -226,7 +246,7 @@ def snapshot_from_adapter_dir(path: str | os.PathLike[str], base_model: str | No
         raise SnapshotError(f"{root} needs {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE}")
     config = serving_config_from_peft(json.loads(config_path.read_text()), base_model)
     loaded = load_file(str(weights_path), device="cpu")
-    return _freeze(loaded, config, (), None)
+    return _freeze(loaded, config, (), None, hash_kind)
 
 
 def snapshot_from_tensors(
@@ -234,6 +254,7 @@ def snapshot_from_tensors(
     config: Mapping[str, Any] | Any,
     base_model: str | None = None,
     dtype: torch.dtype | None = None,
+    hash_kind: str = HASH_SHA256,
 ) -> Snapshot:
     """Snapshot exported tensors (PEFT saved naming) plus their PEFT config (a LoraConfig or its dict)."""
-    return _freeze(tensors, serving_config_from_peft(config, base_model), (), dtype)
+    return _freeze(tensors, serving_config_from_peft(config, base_model), (), dtype, hash_kind)
