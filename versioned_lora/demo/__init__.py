@@ -19,6 +19,7 @@ from rich.console import Console, Group
 from rich.live import Live
 from rich.table import Table
 
+from versioned_lora.capabilities import write_key_file
 from versioned_lora.demo.report import plot_timeline, summary_table, write_json
 from versioned_lora.demo.scenario import DemoRun
 from versioned_lora.demo.stack import Stack, ensure_ray, load_fixtures, new_token, start_engines
@@ -45,17 +46,22 @@ def run_demo(args: argparse.Namespace) -> int:
     fixtures = load_fixtures()
     started_ray = ensure_ray()
     engines = []
+    key_file: Path | None = None  # attached engines were started by someone else, with or without a key
     try:
         if getattr(args, "engines", None):
             urls, token = args.engines.split(","), getattr(args, "token", None)
         else:
             token = new_token()
+            # The engines and the registry actor check cleanups and reclaims against the registry's capability
+            # (docs/integration.md): a key per run, in a 0600 file beside the report.
+            key_file = write_key_file(out_dir / "capability.key")
             with console.status("starting two SGLang CPU engines with the fixture (a minute or two)..."):
                 began = time.monotonic()
-                engines = start_engines(fixtures, out_dir, token)
+                engines = start_engines(fixtures, out_dir, token, capability_key_file=key_file)
             console.print(f"engines up in {time.monotonic() - began:.0f}s: {', '.join(e.url for e in engines)}")
             urls = [e.url for e in engines]
-        return asyncio.run(_run(args, console, out_dir, urls, token, fixtures, attached=not engines))
+        return asyncio.run(_run(args, console, out_dir, urls, token, fixtures, attached=not engines,
+                                key_file=key_file))
     finally:
         for engine in engines:
             engine.stop()
@@ -66,8 +72,8 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 async def _run(args: argparse.Namespace, console: Console, out_dir: Path, urls: list[str], token: str | None,
-               fixtures: Any, attached: bool) -> int:
-    stack = Stack(urls, token, out_dir, fixtures)
+               fixtures: Any, attached: bool, key_file: Path | None = None) -> int:
+    stack = Stack(urls, token, out_dir, fixtures, capability_key_file=key_file)
     shape = TrafficShape(concurrency=args.concurrency, turns=args.turns)
     demo = DemoRun(stack, args.duration, shape)
     console.print(f"epoch {stack.epoch}; traffic: {shape.concurrency} closed-loop agentic sessions, {shape.turns} "

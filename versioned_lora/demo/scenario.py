@@ -195,8 +195,8 @@ class DemoRun:
                    f"managed_count={view.managed_count()}")
         leftovers = {}
         for name, client in stack.clients.items():
-            status = await client.status()
-            leftovers[name] = [a["state"] for a in status["managed"] if a["name"] == c.lora_name
+            engine_status = await client.status()
+            leftovers[name] = [a["state"] for a in engine_status["managed"] if a["name"] == c.lora_name
                                and a["state"] not in ("CLEANED", "ABSENT")]
         self.check("corrupted candidate cleaned on both engines", not any(leftovers.values()), str(leftovers))
 

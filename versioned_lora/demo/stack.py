@@ -22,6 +22,7 @@ from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceP
 from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
+from versioned_lora.capabilities import KEY_FILE_ENV
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
@@ -37,12 +38,16 @@ PROBE_PROMPT = list(range(10, 30))  # the probe every `end` answers, checked aga
 BUCKET_BYTES = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets, so per-bucket phases show
 
 
-def start_engines(fixtures: Fixtures, log_dir: Path, token: str, count: int = 2) -> list[EngineProcess]:
-    """Start `count` engines in parallel; any failure stops them all and raises."""
+def start_engines(
+    fixtures: Fixtures, log_dir: Path, token: str, count: int = 2, capability_key_file: Path | None = None
+) -> list[EngineProcess]:
+    """Start `count` engines in parallel; any failure stops them all and raises. With `capability_key_file`,
+    the engines carry out cleanups and reclaims only under the registry's capability."""
     configs = []
+    env = {TOKEN_ENV: token, **({KEY_FILE_ENV: str(capability_key_file)} if capability_key_file else {})}
     for index in range(count):
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
-                                    log_path=log_dir / f"E{index}.log", env={TOKEN_ENV: token}))
+                                    log_path=log_dir / f"E{index}.log", env=env))
         time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     return start_all(configs)
 
@@ -76,6 +81,7 @@ class Stack:
         bucket_deadline_s: float = 60.0,
         client_timeout_s: float = 300.0,
         bucket_bytes: int = BUCKET_BYTES,
+        capability_key_file: Path | None = None,
     ) -> None:
         # A fresh epoch per deployment: managed names are never reused on an engine.
         self.epoch = random.randrange(1, 2**31)
@@ -84,7 +90,8 @@ class Stack:
         journal = workdir / f"registry-{self.epoch}.sqlite"
         self.registry_name = f"registry-{uuid.uuid4().hex[:8]}"
         self.handle = create_registry_actor(journal, name=self.registry_name,
-                                            engines=ENGINE_NAMES[: len(urls)], epoch=self.epoch)
+                                            engines=ENGINE_NAMES[: len(urls)], epoch=self.epoch,
+                                            capability_key_file=capability_key_file)
         self.registry = RayRegistry(self.handle)
         self.clients = {name: SGLangClient(url, token=token, timeout_s=client_timeout_s)
                         for name, url in zip(ENGINE_NAMES, urls, strict=False)}

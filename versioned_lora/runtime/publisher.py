@@ -82,6 +82,13 @@ class PublishStatus(StrEnum):
     REPLAYED = "REPLAYED"  # the same version and content was reserved before: `version_state` says where it is
 
 
+class UnknownReason(StrEnum):
+    """Why an outcome is UNKNOWN: which call may have landed without its answer reaching the publisher."""
+
+    RESERVE_OUTCOME_UNKNOWN = "RESERVE_OUTCOME_UNKNOWN"  # publish the same content again: the same reserve
+    COMMIT_OUTCOME_UNKNOWN = "COMMIT_OUTCOME_UNKNOWN"  # being retried in the background: see Publisher.resolve
+
+
 class PublisherRefusal(StrEnum):
     """Refusals decided by the publisher itself, before any call reaches the registry."""
 
@@ -174,7 +181,7 @@ class Publisher:
         except (PhaseDeadlineMissed, RegistryUnavailable) as exc:
             # The reserve may have taken a slot: publishing the same version again retries it under this key.
             self._reserve_keys[unresolved] = key
-            return PublishOutcome(PublishStatus.UNKNOWN, version, reason="RESERVE_OUTCOME_UNKNOWN",
+            return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.RESERVE_OUTCOME_UNKNOWN,
                                   lora_name=candidate.lora_name, phases=phases, detail=str(exc))
         if isinstance(answer.result, Rejected):
             return PublishOutcome(PublishStatus.REJECTED, version, reason=str(answer.result.reason), phases=phases)
@@ -266,7 +273,7 @@ class Publisher:
         except TimeoutError:
             logger.warning("commit of %s missed its %.1fs deadline: outcome unknown, resolving by retrying %s",
                            version, limit, key)
-            return PublishOutcome(PublishStatus.UNKNOWN, version, reason="COMMIT_OUTCOME_UNKNOWN",
+            return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.COMMIT_OUTCOME_UNKNOWN,
                                   lora_name=lora_name, attempt_token=token, phases=phases,
                                   detail=f"commit missed its {limit:.1f}s deadline; retrying {key!r} until answered")
         phases["commit"] = time.monotonic() - started

@@ -31,6 +31,9 @@ class ReclaimStatus(StrEnum):
     UNKNOWN = "UNKNOWN"  # the claim's reply was lost past its deadline: nothing was sent to any engine
 
 
+CLAIM_OUTCOME_UNKNOWN = "CLAIM_OUTCOME_UNKNOWN"  # ReclaimOutcome.reason of UNKNOWN: reclaim again to resolve
+
+
 @attrs.frozen
 class ReclaimOutcome:
     status: ReclaimStatus
@@ -59,7 +62,7 @@ class Reclaimer:
         except RegistryUnavailable:
             # The claim may have landed: nothing is sent to any engine on the strength of it.
             return ReclaimOutcome(ReclaimStatus.UNKNOWN, version, seconds=time.monotonic() - started,
-                                  reason="CLAIM_OUTCOME_UNKNOWN")
+                                  reason=CLAIM_OUTCOME_UNKNOWN)
         if isinstance(answer.result, Rejected):
             return ReclaimOutcome(ReclaimStatus.REJECTED, version, reason=str(answer.result.reason),
                                   seconds=time.monotonic() - started)
