@@ -1,0 +1,201 @@
+"""RFC §7.1, row by row, through the whole stack: the Ray registry actor, the Publisher, the Reclaimer, the
+SessionBinder with agentic traffic and two real engines. Every intermediate state a row names is asserted
+when it holds, not merely waited for.
+
+Rows here: 1 (B READY on E0 only, then both, commit), 7 (session refs 0 while the engine still holds a
+request) and 8 (capacity, repeated reclaim, late unload receipt). Rows 3 and its ACK loss are
+`test_unknown_outcomes.py` and `test_phase_deadlines.py`; rows 2, 4, 5, 6 and 9 are still covered below the
+whole stack only (engine-level and runtime tests); see issue 18.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from engine_helpers import PROMPT, run, wait_until
+from test_publication_e2e import assert_matches_reference, deployed
+
+from versioned_lora.lifecycle import ConfirmReclaim
+from versioned_lora.runtime.interfaces import BackendRequest
+from versioned_lora.runtime.publisher import PublishStatus
+from versioned_lora.runtime.reclaimer import ReclaimStatus
+from versioned_lora.spec.states import PlacementState, VersionState
+
+TOOL = [401, 402, 403]  # a tool turn's tokens between generations
+
+
+class Gate:
+    """Fault injection (timing): the wrapped staging port's `method` waits until the test opens the gate."""
+
+    def __init__(self, inner: Any, method: str) -> None:
+        self.inner, self.method = inner, method
+        self.opened = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name != self.method:
+            return attribute
+
+        async def gated(*args: Any, **kwargs: Any) -> Any:
+            self.waiting.set()
+            await self.opened.wait()
+            return await attribute(*args, **kwargs)
+
+        return gated
+
+
+async def placement(d: Any, version: Any, engine: str) -> PlacementState:
+    return (await d.registry.publication_view()).versions[version].placements[engine].state
+
+
+def test_row_1_b_ready_on_e0_only_keeps_the_default_then_commit_binds_new_sessions_to_b(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed
+            s_old = d.binder.open("S_old@E1")
+            first = await d.binder.generate(s_old, PROMPT, 4)
+
+            b_version, b = d.candidate("B")
+            gate = Gate(d.ports["E1"], "end")  # E1's end waits: B becomes READY on E0 only
+            d.publisher.engines["E1"] = gate
+            publication = asyncio.create_task(d.publisher.publish(b_version, b))
+            await asyncio.wait_for(gate.waiting.wait(), 120)
+
+            async def e0_ready() -> bool:
+                return await placement(d, b_version, "E0") is PlacementState.READY
+
+            await wait_until(e0_ready, timeout_s=120)
+            view = await d.registry.publication_view()
+            assert view.versions[b_version].placements["E0"].state is PlacementState.READY
+            assert view.versions[b_version].placements["E1"].state is not PlacementState.READY
+            assert view.default == a_version and view.versions[b_version].state is VersionState.LOADING
+            s_mid = d.binder.open("S_mid@E0")
+            assert (await d.binder.bind_first(s_mid)).version == a_version  # S_mid = A, default unchanged
+            mid = await d.binder.generate(s_mid, PROMPT, 4)
+            assert_matches_reference(d, "A", PROMPT, mid.logprobs, mid.output_ids)
+
+            gate.opened.set()
+            outcome = await publication
+            assert outcome.committed
+            view = await d.registry.publication_view()
+            assert view.default == b_version and view.versions[a_version].state is VersionState.RETIRED
+            s_new = d.binder.open("S_new@E1")
+            assert (await d.binder.bind_first(s_new)).version == b_version  # S_new = B
+            new = await d.binder.generate(s_new, PROMPT, 4)
+            assert_matches_reference(d, "B", PROMPT, new.logprobs, new.output_ids)
+
+            # The old session's continuation, retry and resume stay on A, on both engines' copies of A.
+            continued = [*PROMPT, *first.output_ids, *TOOL]
+            again = await d.binder.generate(s_old, continued, 4)  # continuation after a tool turn
+            assert_matches_reference(d, "A", continued, again.logprobs, again.output_ids)
+            retry = await d.binder.generate(s_old, continued, 4)  # a retry: a new attempt, same binding
+            assert (retry.output_ids, retry.logprobs) == (again.output_ids, again.logprobs)
+            resumed = [*continued, *again.output_ids[:2]]  # a resume from a partial output
+            resume = await d.binder.generate(s_old, resumed, 2)
+            assert_matches_reference(d, "A", resumed, resume.logprobs, resume.output_ids)
+            assert (await d.binder.bind_first(s_old)).version == a_version
+            for key in (s_old, s_mid, s_new):
+                await d.binder.finish(key)
+
+    run(body())
+
+
+def test_row_7_session_refs_zero_but_engine_refs_positive_keeps_a_pinned_until_the_request_ends(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            b_version, b = d.candidate("B")
+            assert (await d.publisher.publish(a_version, a)).committed
+            session = d.binder.open("S_a@E0")
+            await d.binder.generate(session, PROMPT, 2)
+            assert (await d.publisher.publish(b_version, b)).committed
+            await d.binder.finish(session)  # session refs of A: 0
+            assert (await d.registry.publication_view()).versions[a_version].session_refs == 0
+
+            # A request for A still in flight on E0 (e.g. one the session layer sent before a close it did not
+            # see): SGLang's native refcount holds A there.
+            in_flight = asyncio.create_task(d.backend.generate(BackendRequest(
+                "late/held", tuple(PROMPT), a.lora_name, 1500, {"ignore_eos": True}, frozenset({"E0"}))))
+            client = d.clients["E0"]
+
+            async def held() -> bool:
+                view = next(m for m in (await client.status())["managed"] if m["name"] == a.lora_name)
+                return int(view["native_refcount"]) == 1
+
+            await wait_until(held, timeout_s=60)
+            before = (await d.audit())["E0"]["physical_unload"]
+            reclaim = asyncio.create_task(d.reclaimer.reclaim(a_version))
+
+            async def draining() -> bool:
+                view = next(m for m in (await client.status())["managed"] if m["name"] == a.lora_name)
+                return str(view["state"]) == "DRAINING"
+
+            await wait_until(draining, timeout_s=60)
+            adapter = next(m for m in (await client.status())["managed"] if m["name"] == a.lora_name)
+            assert adapter["state"] == "DRAINING" and adapter["pinned"] and adapter["native_refcount"] == 1
+            assert (await d.audit())["E0"]["physical_unload"] == before  # not unloaded under a request
+            assert not reclaim.done() and not in_flight.done()
+
+            finished = await in_flight
+            assert len(finished.output_ids) == 1500  # served to the end by A
+            outcome = await reclaim
+            assert outcome.status is ReclaimStatus.RECLAIMED and set(outcome.confirmed) == {"E0", "E1"}
+            assert (await d.audit())["E0"]["physical_unload"] == before + 1  # exactly once, after it ended
+
+    run(body())
+
+
+def test_row_8_capacity_repeated_reclaim_and_late_unload_receipt(engines, fixtures, tmp_path) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            b_version, b = d.candidate("B")
+            c_version, c = d.candidate("C")
+            assert (await d.publisher.publish(a_version, a)).committed
+            assert (await d.publisher.publish(b_version, b)).committed
+
+            audit = await d.audit()
+            refused = await d.publisher.publish(c_version, c)  # capacity=2: refused before any begin or NCCL
+            assert (refused.status, refused.reason) == (PublishStatus.REJECTED, "CAPACITY_ERROR")
+            assert {e: n["managed_begin"] for e, n in (await d.audit()).items()} == {
+                e: n["managed_begin"] for e, n in audit.items()}
+
+            gate = Gate(d.ports["E1"], "reclaim")  # E1's unload receipt is late
+            d.reclaimer.engines["E1"] = gate
+            reclaim = asyncio.create_task(d.reclaimer.reclaim(a_version))
+            await asyncio.wait_for(gate.waiting.wait(), 60)
+
+            async def e0_confirmed() -> bool:
+                view = await d.registry.publication_view()
+                return view.versions[a_version].state is VersionState.RECLAIMING and (
+                    (await d.audit())["E0"]["physical_unload"] == audit["E0"]["physical_unload"] + 1)
+
+            await wait_until(e0_confirmed, timeout_s=60)
+            await asyncio.sleep(1.0)  # E0's confirm lands; E1's is still outstanding
+            assert (await d.registry.publication_view()).versions[a_version].state is VersionState.RECLAIMING
+            still = await d.publisher.publish(c_version, c)  # one engine confirmed is not enough
+            assert (still.status, still.reason) == (PublishStatus.REJECTED, "CAPACITY_ERROR")
+
+            gate.opened.set()
+            done = await reclaim
+            assert done.status is ReclaimStatus.RECLAIMED and set(done.confirmed) == {"E0", "E1"}
+            after = await d.audit()
+            assert {e: after[e]["physical_unload"] - audit[e]["physical_unload"] for e in after} == {"E0": 1, "E1": 1}
+
+            again = await d.reclaimer.reclaim(a_version)  # repeated reclaim: the same claim, nothing unloaded
+            assert again.status is ReclaimStatus.RECLAIMED and again.reclaim_id == done.reclaim_id
+            late = await d.registry.submit(ConfirmReclaim(a_version, "E1", done.reclaim_id or ""))  # late receipt
+            assert str(late.result.state) == "RECLAIMED" and late.journal_seq is None  # changed nothing
+            assert await d.audit() == after
+
+            accepted = await d.publisher.publish(c_version, c)  # both confirmed: C reserves now
+            assert accepted.committed
+
+    run(body())
