@@ -12,7 +12,8 @@ test: setup
 
 lint: setup
 	.venv/bin/ruff check versioned_lora tests model_checks gpu_validation scripts
-	.venv/bin/mypy --strict versioned_lora/spec versioned_lora/lifecycle
+	.venv/bin/mypy --strict versioned_lora/spec versioned_lora/lifecycle versioned_lora/runtime versioned_lora/adapters \
+		versioned_lora/capabilities.py
 
 docs: setup
 	.venv/bin/python -m versioned_lora.spec.docs

@@ -1,3 +1,5 @@
+# mypy: disable-error-code="untyped-decorator"
+# (triton.jit is untyped upstream; the kernels are checked by tests/adapters/test_hashing.py instead)
 """The chunked hash of manifest v2 (`hashing`) on a GPU: one Triton kernel, one GPU thread a chunk.
 
 The kernel computes SHA-256 of every chunk of a flat uint8 buffer, given each chunk's start and length

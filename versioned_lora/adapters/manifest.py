@@ -381,7 +381,7 @@ class Manifest:
         if not isinstance(raw, dict):
             raise _malformed(f"manifest must be a JSON object, got {type(raw).__name__}")
         fmt = raw.get("format")
-        if fmt not in KNOWN_HASH_KINDS:
+        if not isinstance(fmt, str) or fmt not in KNOWN_HASH_KINDS:
             known = sorted(KNOWN_HASH_KINDS)
             if isinstance(fmt, str) and fmt.startswith("versioned-lora/manifest/"):
                 raise UnsupportedManifest(f"manifest format {fmt!r} is not known here (known: {known})")

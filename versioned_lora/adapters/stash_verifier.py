@@ -62,7 +62,7 @@ class _HostCopy:
         with torch.cuda.stream(stream):
             self.host.copy_(flat, non_blocking=True)
             flat.record_stream(stream)
-            self.copied = torch.cuda.Event()
+            self.copied = torch.cuda.Event()  # type: ignore[no-untyped-call]  # torch.cuda's stubs are untyped
             self.copied.record(stream)
 
 
@@ -88,7 +88,8 @@ class StashVerifier:
         target = torch.device(device)
         if target.type != "cuda" or self._streams:
             return
-        self._streams = [torch.cuda.Stream(target) for _ in range(min(8, max(1, len(self.plan.buckets))))]
+        self._streams = [torch.cuda.Stream(target)  # type: ignore[no-untyped-call]  # untyped in torch's stubs
+                         for _ in range(min(8, max(1, len(self.plan.buckets))))]
         if self.chunk is not None:
             from versioned_lora.adapters.gpu_hash import ChunkLayout
 
@@ -120,9 +121,8 @@ class StashVerifier:
                 return lambda: gpu.hashes(names)
             copy = _HostCopy(flat, stream)
             view = _view(copy.host)
-            waits = {name: copy.copied for name in names}
             pending = submit_buffers(slices(view, ((s.name, s.offset, s.nbytes) for s in bucket.slots)),
-                                     self.manifest.hash_kind, self.threads, before=waits)  # fmt: skip
+                                     self.manifest.hash_kind, self.threads, before=copy.copied)  # fmt: skip
             return pending.result
         view = _view(flat)
         pending_host: PendingHashes = submit_buffers(
@@ -156,4 +156,4 @@ def torch_uint8() -> Any:
 
 
 def _view(flat: torch.Tensor) -> memoryview:
-    return memoryview(flat.numpy()).cast("B")
+    return memoryview(flat.numpy()).cast("B")  # type: ignore[arg-type]  # numpy arrays are buffers; stubs lag
