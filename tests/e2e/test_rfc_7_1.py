@@ -2,10 +2,10 @@
 SessionBinder with agentic traffic and two real engines. Every intermediate state a row names is asserted
 when it holds, not merely waited for.
 
-Rows here: 1 (B READY on E0 only, then both, commit), 7 (session refs 0 while the engine still holds a
-request) and 8 (capacity, repeated reclaim, late unload receipt). Rows 3 and its ACK loss are
-`test_unknown_outcomes.py` and `test_phase_deadlines.py`; rows 2, 4, 5, 6 and 9 are still covered below the
-whole stack only (engine-level and runtime tests); see issue 18.
+Rows here: 1 (B READY on E0 only, then both, commit), 5 (bind/close and cancel/complete concurrency), 7
+(session refs 0 while the engine still holds a request) and 8 (capacity, repeated reclaim, late unload
+receipt). Row 3's ACK loss is `test_unknown_outcomes.py` and its deadlines `test_phase_deadlines.py`; rows 2,
+4, 6 and 9 are still covered below the whole stack only (engine-level and runtime tests); see issue 18.
 """
 
 from __future__ import annotations
@@ -16,10 +16,11 @@ from typing import Any
 from engine_helpers import PROMPT, run, wait_until
 from test_publication_e2e import assert_matches_reference, deployed
 
-from versioned_lora.lifecycle import ConfirmReclaim
-from versioned_lora.runtime.interfaces import BackendRequest
+from versioned_lora.lifecycle import BindFirst, CloseAndRelease, ConfirmReclaim, OpenSession, Rejected
+from versioned_lora.runtime.interfaces import BackendFailure, BackendRequest
 from versioned_lora.runtime.publisher import PublishStatus
 from versioned_lora.runtime.reclaimer import ReclaimStatus
+from versioned_lora.runtime.session_binder import LateResponseDropped
 from versioned_lora.spec.states import PlacementState, VersionState
 
 TOOL = [401, 402, 403]  # a tool turn's tokens between generations
@@ -101,6 +102,64 @@ def test_row_1_b_ready_on_e0_only_keeps_the_default_then_commit_binds_new_sessio
             assert (await d.binder.bind_first(s_old)).version == a_version
             for key in (s_old, s_mid, s_new):
                 await d.binder.finish(key)
+
+    run(body())
+
+
+def test_row_5_bind_close_and_cancel_complete_concurrency_one_binding_one_ref_closed_stays_closed(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed
+
+            async def refs() -> int:
+                return int((await d.registry.publication_view()).versions[a_version].session_refs)
+
+            # 16 first generations of one session at once, every third cancelled while it waits for the bind:
+            # one binding task, one session ref; cancelling a waiter cancels nothing the others share.
+            key = d.binder.open("S_many@E0")
+            turns = [asyncio.create_task(d.binder.generate(key, PROMPT, 2)) for _ in range(16)]
+            await asyncio.sleep(0)
+            for turn in turns[::3]:
+                turn.cancel()
+            outcomes = await asyncio.gather(*turns, return_exceptions=True)
+            served = [o for o in outcomes if not isinstance(o, BaseException)]
+            assert len(served) == 16 - len(turns[::3]) and all(t.cancelled() for t in turns[::3])
+            assert len({(o.output_ids, o.logprobs) for o in served}) == 1  # all on the one bound version
+            entry = d.binder.record(key)
+            assert entry is not None and entry.bind_task is not None and not entry.bind_task.cancelled()
+            assert (await d.binder.bind_first(key)).version == a_version and await refs() == 1
+
+            # A generation in flight when the session closes: its response is dropped, nothing reopens.
+            slow = asyncio.create_task(d.binder.generate(key, PROMPT, 600, sampling={"ignore_eos": True}))
+            while not entry.issued:
+                await asyncio.sleep(0.01)
+            report = await d.binder.finish(key)
+            assert report.released and await refs() == 0
+            try:
+                await slow
+                dropped = False
+            except LateResponseDropped:
+                dropped = True
+            except BackendFailure:  # the close's abort reached the engine first: ended there, never delivered
+                dropped = True
+            assert dropped and d.binder.record(key) is None
+            # Late open, bind and close for the closed key: refused or replayed, the ref is never taken again.
+            for late in (OpenSession(key), BindFirst(key), CloseAndRelease(key)):
+                answer = await d.registry.submit(late)
+                assert answer.journal_seq is None, late  # changed nothing
+            assert await refs() == 0
+
+            # Close racing the first bind of a fresh session: whichever lands first, exactly one release.
+            racer = d.binder.open("S_race@E1")
+            bind = asyncio.create_task(d.binder.generate(racer, PROMPT, 2))
+            finish = asyncio.create_task(d.binder.finish(racer))
+            await asyncio.gather(bind, finish, return_exceptions=True)
+            assert await refs() == 0
+            again = await d.registry.submit(BindFirst(racer))
+            assert isinstance(again.result, Rejected) and str(again.result.reason) == "SESSION_CLOSED"
 
     run(body())
 
