@@ -18,7 +18,7 @@ import torch
 from engine_helpers import PROMPT, Staged, client_for, managed_view, run
 
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
-from versioned_lora.adapters.manifest import MANIFEST_FORMAT_V2, V2_HASH, manifest_from_tensors
+from versioned_lora.adapters.manifest import MANIFEST_FORMAT_V2, V2_HASH
 from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir, snapshot_from_tensors
@@ -30,10 +30,7 @@ SMALL_BUCKETS = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets
 
 
 def _candidate(adapter_dir: Path, max_bucket_bytes: int = SMALL_BUCKETS, hash_kind: str = "sha256") -> Candidate:
-    snapshot = snapshot_from_adapter_dir(adapter_dir)
-    if hash_kind != snapshot.manifest.hash_kind:  # the same tensors under a manifest of another version
-        manifest = manifest_from_tensors(snapshot.tensors, snapshot.serving_config, hash_kind=hash_kind)
-        snapshot = Snapshot(tensors=snapshot.tensors, manifest=manifest)
+    snapshot = snapshot_from_adapter_dir(adapter_dir, hash_kind=hash_kind)
     name = lora_name(VersionKey(1, f"s{uuid.uuid4().hex[:8]}"), snapshot.digest)
     return Candidate.build(name, snapshot, max_bucket_bytes)
 

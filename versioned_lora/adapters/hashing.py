@@ -30,7 +30,7 @@ import os
 import re
 import sys
 import threading
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -125,13 +125,15 @@ def _tasks(data: memoryview, chunk: int | None) -> list[tuple[int, int | None]]:
 
 # One piece of work: (name, buffer, first chunk, chunk count) -- count None for a v1 hash of the whole buffer.
 _Piece = tuple[str, memoryview, int, int | None]
+_Results = list[tuple[str, int, "str | bytes"]]  # (name, first chunk, hex hash or chunk digests)
 
 
 class PendingHashes:
     """Hashes being computed on a pool: `result()` waits for them and returns name -> hex hash."""
 
-    def __init__(self, names: Sequence[str], futures: list[concurrent.futures.Future[list[tuple[str, int, str | bytes]]]],
-                 chunked: bool) -> None:  # fmt: skip
+    def __init__(
+        self, names: Sequence[str], futures: list[concurrent.futures.Future[_Results]], chunked: bool
+    ) -> None:
         self._names = names
         self._futures = futures
         self._chunked = chunked
@@ -156,7 +158,7 @@ class PendingHashes:
         return out
 
 
-def _run(pieces: list[_Piece], kind: str, event: Any) -> list[tuple[str, int, str | bytes]]:
+def _run(pieces: list[_Piece], kind: str, event: Any) -> _Results:
     if event is not None:
         event.synchronize()  # e.g. a CUDA event: the copy into the buffers being hashed has finished
     chunk = chunk_size(kind)
@@ -189,7 +191,7 @@ def submit_buffers(
             pieces.append((name, data, 0, None))
         else:
             pieces += [(name, data, first, count) for first, count in _tasks(data, chunk)]
-    futures: list[concurrent.futures.Future[list[tuple[str, int, str | bytes]]]] = []
+    futures: list[concurrent.futures.Future[_Results]] = []
     group: list[_Piece] = []
     size = 0
     for piece in pieces:
