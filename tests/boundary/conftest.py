@@ -75,6 +75,12 @@ class Boundary:
         return asyncio.run(read())
 
 
+@pytest.fixture(scope="session")
+def suite_log_offsets(engines: Any) -> dict[Path, int]:
+    """Where the engines' logs stood when the first test of this suite that asks for it started."""
+    return {e.config.log_path: e.config.log_path.stat().st_size for e in engines}
+
+
 def log_text_since(offsets: dict[Path, int]) -> str:
     text = []
     for path, offset in offsets.items():
@@ -87,10 +93,10 @@ def log_text_since(offsets: dict[Path, int]) -> str:
 # Per module: a module's managed version is reclaimed when it ends, so the session's engines get their slots
 # back for the tests after this package (two managed slots an engine).
 @pytest.fixture(scope="module")
-def boundary(engines: Any, fixtures: Any, ray_cluster: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
-        Boundary]:
+def boundary(engines: Any, fixtures: Any, ray_cluster: None, tmp_path_factory: pytest.TempPathFactory,
+             suite_log_offsets: dict[Path, int]) -> Iterator[Boundary]:
     engine = engines.e0
-    log_offsets = {e.config.log_path: e.config.log_path.stat().st_size for e in engines}
+    log_offsets = suite_log_offsets
 
     async def publish() -> tuple[Staged, str]:
         async with client_for(engine) as client:

@@ -9,7 +9,7 @@ import json
 
 import httpx
 import pytest
-from conftest import Boundary
+from conftest import Boundary, log_text_since
 from engine_helpers import TEST_TOKEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -69,3 +69,4 @@ def test_fuzz_managed_body(boundary: Boundary, endpoint: str) -> None:
 
     one()
     assert boundary.serving() == boundary.baseline
+    assert "Task exception was never retrieved" not in log_text_since(boundary.log_offsets)
