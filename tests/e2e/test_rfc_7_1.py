@@ -2,10 +2,11 @@
 SessionBinder with agentic traffic and two real engines. Every intermediate state a row names is asserted
 when it holds, not merely waited for.
 
-Rows here: 1 (B READY on E0 only, then both, commit), 5 (bind/close and cancel/complete concurrency), 7
+Rows here: 1 (B READY on E0 only, then both, commit), 2 (duplicate publication and content conflict), 3
+(single-engine failure, manifest error, lost commit ACK), 5 (bind/close and cancel/complete concurrency), 7
 (session refs 0 while the engine still holds a request) and 8 (capacity, repeated reclaim, late unload
-receipt). Row 3's ACK loss is `test_unknown_outcomes.py` and its deadlines `test_phase_deadlines.py`; rows 2,
-4, 6 and 9 are still covered below the whole stack only (engine-level and runtime tests); see issue 18.
+receipt). Every deadline of row 3 is `test_phase_deadlines.py`, every lost reply `test_unknown_outcomes.py`.
+Rows 4, 6 and 9 are still covered below the whole stack only (engine-level and runtime tests); see issue 18.
 """
 
 from __future__ import annotations
@@ -16,11 +17,13 @@ from typing import Any
 from engine_helpers import PROMPT, run, wait_until
 from test_publication_e2e import assert_matches_reference, deployed
 
+from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.lifecycle import BindFirst, CloseAndRelease, ConfirmReclaim, OpenSession, Rejected
 from versioned_lora.runtime.interfaces import BackendFailure, BackendRequest
 from versioned_lora.runtime.publisher import PublishStatus
 from versioned_lora.runtime.reclaimer import ReclaimStatus
 from versioned_lora.runtime.session_binder import LateResponseDropped
+from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.states import PlacementState, VersionState
 
 TOOL = [401, 402, 403]  # a tool turn's tokens between generations
@@ -104,6 +107,107 @@ def test_row_1_b_ready_on_e0_only_keeps_the_default_then_commit_binds_new_sessio
                 await d.binder.finish(key)
 
     run(body())
+
+
+def test_row_2_duplicate_publication_loads_nothing_again_and_other_content_is_always_a_conflict(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed
+            before, view = await d.audit(), await d.registry.publication_view()
+            # The same version with the content of B, named as the registry would name it.
+            other = Candidate.build(lora_name(a_version, _digest_of(d, "B")), _snapshot_of(d, "B"), d.bucket_bytes)
+            for attempt in range(2):
+                replay = await d.publisher.publish(a_version, a)  # same version, same content
+                assert (replay.status, replay.version_state) == (PublishStatus.REPLAYED, VersionState.PUBLISHED)
+                conflict = await d.publisher.publish(a_version, other)  # same version, other content
+                assert (conflict.status, conflict.reason) == (PublishStatus.REJECTED, "VERSION_CONFLICT"), attempt
+            after = await d.registry.publication_view()
+            assert (after.default, after.default_revision, after.managed_count()) == (
+                view.default, view.default_revision, view.managed_count())  # no second slot, no second switch
+            assert await d.audit() == before  # nothing begun, loaded or unloaded again on either engine
+
+            b_version, b = d.candidate("B")
+            assert (await d.publisher.publish(b_version, b)).committed  # A is RETIRED now
+            retired = await d.publisher.publish(a_version, other)
+            assert (retired.status, retired.reason) == (PublishStatus.REJECTED, "VERSION_CONFLICT")  # always
+            replay = await d.publisher.publish(a_version, a)
+            assert (replay.status, replay.version_state) == (PublishStatus.REPLAYED, VersionState.RETIRED)
+            assert (await d.registry.publication_view()).default == b_version  # a retired A never returns
+
+    run(body())
+
+
+def _snapshot_of(d: Any, label: str) -> Any:
+    from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
+
+    return snapshot_from_adapter_dir(d.fixtures.adapters[label])
+
+
+def _digest_of(d: Any, label: str) -> str:
+    return str(_snapshot_of(d, label).digest)
+
+
+def test_row_3_one_engine_refusing_a_bad_manifest_keeps_the_default_and_frees_the_slot_once_both_are_clean(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed
+            session = d.binder.open("S_a@E0")
+            reference = await d.binder.generate(session, PROMPT, 4)
+
+            b_version, b = d.candidate("B")
+            tensors = dict(b.snapshot.tensors)
+            first = b.plan.buckets[0].slots[0].name
+            tensors[first] = tensors[first].clone()
+            tensors[first].view(-1)[0] += 1.0  # E1 receives altered bytes under B's unchanged manifest
+            e1 = d.ports["E1"]
+
+            async def corrupted(candidate: Any, attempt_token: str, index: int) -> None:
+                link = await e1.link()
+                await e1._call(link.transfer_bucket(candidate, attempt_token, index, tensors=tensors))
+
+            d.publisher.engines["E1"] = _Override(e1, transfer_bucket=corrupted)
+            gate = Gate(d.ports["E0"], "cleanup")  # E0's cleanup confirms late: the slot must wait for it
+            d.publisher.engines["E0"] = gate
+            publication = asyncio.create_task(d.publisher.publish(b_version, b))
+            await asyncio.wait_for(gate.waiting.wait(), 120)
+
+            async def e1_clean() -> bool:
+                return await placement(d, b_version, "E1") is PlacementState.CLEANED
+
+            await wait_until(e1_clean, timeout_s=60)
+            view = await d.registry.publication_view()
+            assert view.versions[b_version].state is VersionState.ABORTED and view.default == a_version
+            assert view.managed_count() == 2  # one engine clean is not enough to free the candidate's slot
+            again = await d.binder.generate(session, PROMPT, 4)  # the old default serves, unchanged
+            assert (again.output_ids, again.logprobs) == (reference.output_ids, reference.logprobs)
+
+            gate.opened.set()
+            outcome = await publication
+            assert outcome.status is PublishStatus.FAILED_CLEAN and "MANIFEST_MISMATCH" in outcome.detail
+            view = await d.registry.publication_view()
+            assert view.versions[b_version].state is VersionState.FAILED_CLEAN and view.managed_count() == 1
+            for client in d.clients.values():
+                states = {m["name"]: m["state"] for m in (await client.status())["managed"]}
+                assert states[b.lora_name] == "CLEANED" and states[a.lora_name] == "READY"
+            await d.binder.finish(session)
+
+    run(body())
+
+
+class _Override:
+    """A staging port with some methods replaced (fault injection), the rest the wrapped port's."""
+
+    def __init__(self, inner: Any, **methods: Any) -> None:
+        self._inner, self._methods = inner, methods
+
+    def __getattr__(self, name: str) -> Any:
+        return self._methods[name] if name in self._methods else getattr(self._inner, name)
 
 
 def test_row_5_bind_close_and_cancel_complete_concurrency_one_binding_one_ref_closed_stays_closed(
