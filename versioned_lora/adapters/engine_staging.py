@@ -14,6 +14,8 @@ import httpx
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient, UnknownOutcome
 from versioned_lora.runtime.interfaces import EngineRefused, EngineUnreachable, ReadyReceipt
+from versioned_lora.spec.reasons import Reason
+from versioned_lora.spec.states import AdapterState
 
 T = TypeVar("T")
 
@@ -61,7 +63,7 @@ class EngineStaging:
             await self._call(link.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
             return
         except (EngineRefused, EngineUnreachable) as failure:
-            if isinstance(failure, EngineRefused) and failure.reason != "STALE_INCARNATION":
+            if isinstance(failure, EngineRefused) and failure.reason != Reason.STALE_INCARNATION:
                 raise
             fresh = await self.link()
             if fresh is link:  # same incarnation: not a restart, so the failure is the attempt's
@@ -101,7 +103,7 @@ class EngineStaging:
                 self.client.managed("cleanup", lora_name=lora_name, attempt_token=attempt_token, **signed)
             )
         except EngineRefused as refused:
-            if refused.reason != "STALE_ATTEMPT":  # the engine holds another attempt: nothing of ours left
+            if refused.reason != Reason.STALE_ATTEMPT:  # the engine holds another attempt: nothing of ours left
                 raise
 
     async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float, capability: str | None = None) -> bool:
@@ -112,7 +114,7 @@ class EngineStaging:
                 **signed,
             )
         )
-        return bool(answer["adapter"]["state"] == "UNLOADED")
+        return bool(answer["adapter"]["state"] == AdapterState.UNLOADED)
 
     def close(self) -> None:
         if self._link is not None:

@@ -56,6 +56,7 @@ from versioned_lora.runtime.interfaces import (
     StagingEnginePort,
 )
 from versioned_lora.spec.identities import lora_name
+from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import PlacementState, VersionState
 
 logger = logging.getLogger(__name__)
@@ -96,6 +97,8 @@ class PublisherRefusal(StrEnum):
     # The candidate's lora_name is not the one its version and digest name (spec.identities.lora_name),
     # or not the one the registry reserved: requests would carry a name the registry does not serve.
     NAME_MISMATCH = "NAME_MISMATCH"
+    # An engine's probe of the loaded candidate differs from the reference forward: the attempt is aborted.
+    PROBE_MISMATCH = "PROBE_MISMATCH"
 
 
 @attrs.frozen
@@ -239,7 +242,7 @@ class Publisher:
             # default meanwhile: commit needs READY from every target).
             receipt = await engine.end(candidate, token)
             if not self.probe_check(candidate, receipt.probe_token, receipt.probe_logprob):
-                raise EngineRefused("PROBE_MISMATCH", f"{engine.name}: probe {receipt.probe_token}/"
+                raise EngineRefused(PublisherRefusal.PROBE_MISMATCH, f"{engine.name}: probe {receipt.probe_token}/"
                                     f"{receipt.probe_logprob:.5f} differs from the reference forward")
             answer = await self._report(
                 RecordReady(version, token, engine.name, receipt.incarnation, receipt.digest),
@@ -345,7 +348,7 @@ class Publisher:
                 await engine.cleanup(cleanup.lora_name, cleanup.attempt_token, capability)
                 return
             except EngineRefused as refused:
-                if refused.reason != "IN_USE":
+                if refused.reason != Reason.IN_USE:
                     raise
                 await asyncio.sleep(0.1)
 
