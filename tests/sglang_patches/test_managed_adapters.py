@@ -29,6 +29,7 @@ from engine_helpers import (
 )
 
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
+from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
 
 LONG_TOKENS = 800
 # r2 must outlive r1's ending. A client disconnect is noticed by SGLang only on its next check of the
@@ -241,16 +242,17 @@ def test_stock_load_unload_and_lru_never_touch_managed_adapters(engines, fixture
             managed_version(client, fixtures.adapters["A"]) as a,
             managed_version(client, fixtures.adapters["B"]) as b,
         ):
+            # A valid load-from-tensors body (what loads under an ordinary name: tests/demo/test_floor_load.py),
+            # so the refusal can only come from the managed name.
+            c = snapshot_from_adapter_dir(fixtures.adapters["C"])
             for managed in (a, b):
-                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER"):
+                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER") as by_dir:
                     await client.load_lora_adapter(managed.name, str(fixtures.adapters["C"]))
-                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER"):
+                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER") as by_tensors:
+                    await client.load_lora_adapter_from_tensors(managed.name, c.tensors, c.adapter_config())
+                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER") as unload:
                     await client.unload_lora_adapter(managed.name)
-            response = await client._http.post(
-                "/load_lora_adapter_from_tensors",
-                json={"lora_name": a.name, "config_dict": {}, "serialized_tensors": ""},
-            )
-            assert response.status_code >= 400
+                assert [e.value.status_code for e in (by_dir, by_tensors, unload)] == [400, 400, 400]
 
             # Two managed (pinned) + unmanaged X fill max_loaded_loras=3; loading Y makes the stock
             # load path evict the least recently used adapter: X, never a managed one.
@@ -273,15 +275,16 @@ def test_every_managed_response_carries_the_engine_incarnation(engines, fixtures
         async with client_for(engines.e1) as client:
             incarnation = (await client.status())["incarnation"]
             staged = await publish_from_disk(client, fixtures.adapters["C"])
-            for operation, extra in (("cleanup", {"attempt_token": "someone-else"}),
-                                     ("reclaim", {"reclaim_id": "r-inc", "wait_s": 30})):
-                try:
-                    answer = await client.managed(operation, lora_name=staged.name, **extra)
-                    assert answer["incarnation"] == incarnation
-                except ManagedRefusal:
-                    raw = await client._http.post(f"/versioned_lora/{operation}",
-                                                  json={"lora_name": staged.name, **extra})
-                    assert raw.json()["incarnation"] == incarnation
+            # A refusal (cleanup.other_attempt: another attempt's token on a READY adapter) and an
+            # answer (reclaim.idle), each deterministic from the table.
+            other = {"lora_name": staged.name, "attempt_token": "someone-else"}
+            with pytest.raises(ManagedRefusal) as refused:
+                await client.managed("cleanup", **other)
+            assert (refused.value.status_code, refused.value.reason) == (409, "STALE_ATTEMPT")
+            raw = await client._http.post("/versioned_lora/cleanup", json=other)
+            assert (raw.status_code, raw.json()["incarnation"]) == (409, incarnation)
+            answer = await client.managed("reclaim", lora_name=staged.name, reclaim_id="r-inc", wait_s=30)
+            assert answer["incarnation"] == incarnation
 
     run(body())
 
@@ -318,9 +321,16 @@ def test_audit_counts_pause_flush_and_abort_all(engines) -> None:
 
 def test_token_is_required_only_on_managed_endpoints(engines) -> None:
     async def body() -> None:
+        probe = {"lora_name": "not-a-managed-name", "reclaim_id": "x"}
         async with SGLangClient(engines.e0.url, token=None) as anonymous:
             assert (await anonymous.status())["incarnation"]
             assert (await anonymous.generate(PROMPT, None, 2)).output_ids
-        assert TEST_TOKEN
+            with pytest.raises(ManagedRefusal) as denied:
+                await anonymous.managed("reclaim", **probe)
+            assert (denied.value.status_code, denied.value.reason) == (401, "UNAUTHORIZED")
+        async with SGLangClient(engines.e0.url, token=TEST_TOKEN) as admitted:  # past the token check
+            with pytest.raises(ManagedRefusal) as refused:
+                await admitted.managed("reclaim", **probe)
+            assert (refused.value.status_code, refused.value.reason) == (400, "NOT_MANAGED")
 
     run(body())
