@@ -1,5 +1,5 @@
 # The two entry points the README opens with. Both set up .venv/ first (idempotent).
-.PHONY: setup demo test lint docs
+.PHONY: setup demo test test-fast lint docs
 
 setup:
 	bash scripts/setup.sh
@@ -9,6 +9,10 @@ demo: setup
 
 test: setup
 	bash scripts/test.sh
+
+# For development: the core, the model checks and the engine basics (scripts/test.sh), under 15 minutes.
+test-fast: setup
+	bash scripts/test.sh --fast
 
 lint: setup
 	.venv/bin/ruff check versioned_lora tests model_checks gpu_validation scripts

@@ -1,11 +1,28 @@
 #!/usr/bin/env bash
-# The whole test suite: pure core, model checks, then everything against two real SGLang CPU
-# engines and a local Ray cluster (the session fixtures in tests/conftest.py start them once).
-# Budget: under 30 minutes and 12 GB on 2 cores.
+# The test suite.
+#   scripts/test.sh [pytest args]         every test (make test): the pure core, the model checks, then
+#                                         everything against two real SGLang CPU engines and a local Ray
+#                                         cluster (the session fixtures in tests/conftest.py start them once)
+#   scripts/test.sh --fast [pytest args]  make test-fast, for development: the core, the model checks and
+#                                         the engine basics (FAST below)
+# Budget on the 2-core host, setup excluded: every test under 60 minutes and 12 GB; --fast under 15
+# minutes. Either run ends by printing each suite's wall time (tests/conftest.py).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONUNBUFFERED=1
+FAST=(
+    tests/spec tests/lifecycle tests/model_checks                      # core and model checks (pure)
+    tests/adapters/test_engine_process.py                              # engine basics: launcher, restart,
+    tests/sglang_patches/test_patch_mechanism.py                       # patch guards, managed protection,
+    tests/sglang_patches/test_managed_adapters.py                      # native refcount, reclaim,
+    tests/sglang_patches/test_kv_namespace.py                          # KV namespaces
+)
+selection=()
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    selection=("${FAST[@]}")
+fi
 # The pure core must keep 100% statement and branch coverage: the run fails under it. tests/lifecycle
 # alone reaches it, so any run that includes that folder passes (tests/lifecycle/test_coverage_policy.py).
 .venv/bin/python -m pytest --cov=versioned_lora/lifecycle --cov-branch --cov-report=term-missing \
-    --cov-fail-under=100 "$@"
+    --cov-fail-under=100 ${selection[@]+"${selection[@]}"} "$@"

@@ -7,6 +7,7 @@ An engine that fails to start is an error for every test that needs it, never a 
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -45,6 +46,38 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             f"{item.nodeid} was skipped or xfailed but is not on tests/skip_allowlist.txt; "
             f"add it there with its reason or make it run."
         )
+
+
+# ---------------------------------------------------------------- per-suite wall time
+# The run ends by printing each suite's wall time: a suite is a top-level folder of tests/, its time the
+# sum of its tests' setup, call and teardown (tests of one folder run one after another, so this is the
+# suite's wall time but collection). A session fixture's start (the two engines, Ray) counts toward the
+# suite whose test first needs it, its teardown toward the last suite that ran.
+_SUITE_SECONDS: dict[str, float] = {}
+_SUITE_TESTS: dict[str, set[str]] = {}
+_SESSION_STARTED = time.monotonic()
+
+
+def _suite(nodeid: str) -> str:
+    """tests/<folder>/ for a test in a folder of tests/, else the test's own directory."""
+    parts = nodeid.split("::")[0].split("/")
+    return "/".join(parts[:2] if len(parts) > 2 and parts[0] == "tests" else parts[:-1]) + "/"
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    suite = _suite(report.nodeid)
+    _SUITE_SECONDS[suite] = _SUITE_SECONDS.get(suite, 0.0) + report.duration
+    _SUITE_TESTS.setdefault(suite, set()).add(report.nodeid)
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    if not _SUITE_SECONDS:
+        return
+    terminalreporter.section("suite wall times")
+    for suite, seconds in sorted(_SUITE_SECONDS.items(), key=lambda item: -item[1]):
+        terminalreporter.write_line(f"{suite:<24} {seconds:8.1f} s  ({len(_SUITE_TESTS[suite])} tests)")
+    terminalreporter.write_line(f"{'sum':<24} {sum(_SUITE_SECONDS.values()):8.1f} s; "
+                                f"session {time.monotonic() - _SESSION_STARTED:.1f} s (with collection)")
 
 
 @pytest.fixture(scope="session")
