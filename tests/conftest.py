@@ -70,6 +70,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _SUITE_TESTS.setdefault(suite, set()).add(report.nodeid)
 
 
+@pytest.hookimpl(trylast=True)  # after the coverage table: the run ends with the suite times
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _SUITE_SECONDS:
         return
