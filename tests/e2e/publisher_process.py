@@ -1,7 +1,7 @@
 """A publisher in its own process, for the test that kills a publisher mid-attempt.
 
-argv: registry actor name, epoch, E0 url, E1 url, token, adapter dir. It connects to the running
-local Ray cluster, starts publishing the adapter as version "B", holds both transfers after bucket
+argv: registry actor name, epoch, E0 url, E1 url, token, adapter dir, Ray GCS address. It connects to
+that Ray cluster, starts publishing the adapter as version "B", holds both transfers after bucket
 1, prints HELD, and waits to be killed.
 """
 
@@ -24,8 +24,8 @@ from versioned_lora.spec.identities import lora_name
 PROMPT = list(range(10, 30))
 
 
-async def main(registry_name: str, epoch: int, urls: list[str], token: str, adapter_dir: str) -> None:
-    ray.init(address="auto", namespace=REGISTRY_NAMESPACE, log_to_driver=False, configure_logging=False)
+async def main(registry_name: str, epoch: int, urls: list[str], token: str, adapter_dir: str, address: str) -> None:
+    ray.init(address=address, namespace=REGISTRY_NAMESPACE, log_to_driver=False, configure_logging=False)
     registry = RayRegistry.find(registry_name, REGISTRY_NAMESPACE)
     ports = {f"E{i}": EngineStaging(f"E{i}", SGLangClient(url, token=token), PROMPT) for i, url in enumerate(urls)}
     for port in ports.values():
@@ -41,5 +41,5 @@ async def main(registry_name: str, epoch: int, urls: list[str], token: str, adap
 
 
 if __name__ == "__main__":
-    name, epoch, url0, url1, token, adapter = sys.argv[1:7]
-    asyncio.run(main(name, int(epoch), [url0, url1], token, adapter))
+    name, epoch, url0, url1, token, adapter, address = sys.argv[1:8]
+    asyncio.run(main(name, int(epoch), [url0, url1], token, adapter, address))

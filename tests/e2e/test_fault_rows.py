@@ -187,19 +187,25 @@ def test_publisher_killed_mid_attempt_is_recovered_by_the_next_one(engines, fixt
         async with deployed(engines, fixtures, tmp_path) as d:
             a_version, a = d.candidate("A")
             assert (await d.publisher.publish(a_version, a)).committed
+            import ray
+
+            # This test's own cluster, by address: "auto" picks any cluster on the host (another test run's).
+            address = ray.get_runtime_context().gcs_address
             child = subprocess.Popen(
                 [sys.executable, str(PUBLISHER_SCRIPT), d.registry_name, str(d.epoch),
-                 engines.e0.url, engines.e1.url, TEST_TOKEN, str(fixtures.adapters["B"])],
+                 engines.e0.url, engines.e1.url, TEST_TOKEN, str(fixtures.adapters["B"]), address],
                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             )
             try:
-                line = ""
+                line, seen = "", []
                 deadline = time.monotonic() + 180
                 while "HELD" not in line and time.monotonic() < deadline:
                     line = child.stdout.readline() if child.stdout else ""
+                    seen.append(line)
                     if child.poll() is not None:
+                        seen.extend(child.stdout.readlines() if child.stdout else [])
                         break
-                assert "HELD" in line, f"publisher process did not reach the hold: {line!r}"
+                assert "HELD" in line, "publisher process did not reach the hold:\n" + "".join(seen)[-3000:]
                 child.send_signal(signal.SIGKILL)  # the publisher dies mid-attempt
                 child.wait(30)
             finally:
