@@ -195,13 +195,13 @@ async def scenario(run: Run, engines: Sequence[Engine]) -> dict[str, str]:
 
 
 async def control_b_under_a_name(run: Run, engine: Engine) -> None:
-    """B's weights published under a name of A's form (A's digest prefix), scored as S_old against A's baseline:
-    the numerics check must FAIL."""
-    name = run.name("A", "Actrl")  # what the harness would expect for A ...
-    await engine.publish(run.snapshots["B"], name, run.options.adapter_dirs["B"], run.probe)  # ... holding B
+    """B's weights served where A is expected, scored as S_old against A's baseline: the numerics check must FAIL.
+    (Under a name of A's form, with A's digest prefix, an engine refuses B's begin outright: NAME_DIGEST_MISMATCH.)"""
+    name = run.name("B", "Actrl")  # a name of B's own form, scored against A's baseline below
+    await engine.publish(run.snapshots["B"], name, run.options.adapter_dirs["B"], run.probe)
     pairs = []
     for prefix_id in session_prefix_ids(DEFAULT_SESSIONS[0]):
-        observation = await run.score(engine, name, prefix_id, "control: B served under A's name")
+        observation = await run.score(engine, name, prefix_id, "control: B served where A is expected")
         pairs.append((observation, run.baselines["A"][prefix_id]))
     run.checks.append(C.numerics_check("control_B_served_under_A_name", "negative", pairs, run.epsilon))
     await engine.reclaim(name)
