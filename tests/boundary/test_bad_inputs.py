@@ -21,7 +21,7 @@ import attrs
 import httpx
 import pytest
 import torch
-from conftest import Boundary, log_text_since
+from conftest import REGISTRY_EPOCH, Boundary, log_text_since
 from engine_helpers import PROMPT, TEST_TOKEN, client_for, publish_from_disk
 from table import DROP, ROWS, Row
 
@@ -169,8 +169,9 @@ def send(ctx: Boundary, row: Row) -> Outcome:
 
 
 def _reserve(ctx: Boundary, row: Row) -> Outcome:
-    from conftest import REGISTRY_EPOCH
-
+    # REGISTRY_EPOCH is imported with the module, at collection: by the time a test runs, the module named
+    # `conftest` in sys.modules is whichever directory's conftest pytest imported last (the full suite's
+    # tests/zz_scale), so an import here found no REGISTRY_EPOCH and every reserve case failed in `make test`.
     values = {"epoch": REGISTRY_EPOCH, "version_id": "B", "digest": "b" * 64, **row.set}
     event = Reserve(VersionKey(values["epoch"], values["version_id"]), values["digest"])
 
