@@ -14,7 +14,6 @@ resource released on an unknown outcome.
 from __future__ import annotations
 
 import asyncio
-import time
 from typing import Any
 
 import pytest
@@ -83,9 +82,8 @@ def test_injected_slow_staging_reply_past_its_deadline_aborts_and_cleans_everywh
                                when=(lambda c, t, index: index == 1) if phase == "bucket" else None)
             d.publisher.engines["E1"] = slow
             d.publisher.deadlines = deadlines(**{phase: SHORT})
-            started = time.monotonic()
             outcome = await d.publisher.publish(b_version, b)
-            assert slow.held == 1 and time.monotonic() - started < SHORT + SLOW + 30
+            assert slow.held == 1
             assert (outcome.status, outcome.reason) == (PublishStatus.FAILED_CLEAN, "PhaseDeadlineMissed")
             assert f"phase {phase}" in outcome.detail
             view = await d.registry.publication_view()
