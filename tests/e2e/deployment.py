@@ -53,3 +53,8 @@ ENGINE_WIDE = ("pause_generation", "flush_cache", "abort_all", "base_weight_upda
 
 def engine_wide_deltas(before: dict[str, dict[str, int]], after: dict[str, dict[str, int]]) -> dict[str, int]:
     return {f"{engine}.{key}": after[engine][key] - before[engine][key] for engine in before for key in ENGINE_WIDE}
+
+
+def unloads(audit: dict[str, dict[str, int]]) -> dict[str, int]:
+    """Each engine's physical-unload count in an audit (`Deployment.audit()`)."""
+    return {engine: counters["physical_unload"] for engine, counters in audit.items()}

@@ -17,6 +17,7 @@ import asyncio
 from typing import Any
 
 import pytest
+from deployment import unloads
 from engine_helpers import run
 from test_publication_e2e import deployed
 
@@ -60,10 +61,6 @@ def deadlines(**short: float) -> Deadlines:
 
 async def managed_count(d: Any) -> int:
     return (await d.registry.publication_view()).managed_count()
-
-
-async def unloads(d: Any) -> dict[str, int]:
-    return {engine: counters["physical_unload"] for engine, counters in (await d.audit()).items()}
 
 
 @pytest.mark.parametrize("phase", ["begin", "bucket", "end"])
@@ -125,13 +122,13 @@ def test_injected_slow_commit_reply_is_unknown_then_resolved_by_the_same_commit(
             slow = SlowReplies(d.registry, "submit", when=lambda event, key=None: str(key).startswith("commit:"))
             d.publisher.registry = slow
             d.publisher.deadlines = deadlines(commit=SHORT)
-            before = await unloads(d)
+            before = unloads(await d.audit())
             outcome = await d.publisher.publish(a_version, a)
             assert (outcome.status, outcome.reason) == (PublishStatus.UNKNOWN, "COMMIT_OUTCOME_UNKNOWN")
             assert (await d.registry.publication_view()).default == a_version  # it landed meanwhile
             resolved = await d.publisher.resolve()
             assert resolved is not None and resolved.committed and resolved.default_revision == 1
-            assert await unloads(d) == before
+            assert unloads(await d.audit()) == before
 
     run(body())
 
@@ -167,14 +164,14 @@ def test_injected_slow_reclaim_reply_keeps_the_slot_until_a_later_call_confirms(
             slow = SlowReplies(d.ports["E1"], "reclaim")
             d.reclaimer.engines["E1"] = slow
             d.reclaimer.deadlines = deadlines(reclaim=SHORT)
-            before = await unloads(d)
+            before = unloads(await d.audit())
             first = await d.reclaimer.reclaim(a_version)
             assert (first.status, first.confirmed) == (ReclaimStatus.PENDING, ("E0",)) and slow.held == 1
             view = await d.registry.publication_view()
             assert view.versions[a_version].state is VersionState.RECLAIMING and view.managed_count() == 2
             done = await d.reclaimer.reclaim(a_version)  # the same claim and reclaim id: E1 answers its replay
             assert done.status is ReclaimStatus.RECLAIMED and set(done.confirmed) == {"E0", "E1"}
-            assert await unloads(d) == {e: n + 1 for e, n in before.items()}  # each engine unloaded A once
+            assert unloads(await d.audit()) == {e: n + 1 for e, n in before.items()}  # each engine unloaded A once
             assert await managed_count(d) == 1
 
     run(body())

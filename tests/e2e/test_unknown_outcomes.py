@@ -14,6 +14,7 @@ import time
 from typing import Any
 
 import pytest
+from deployment import unloads
 from engine_helpers import PROMPT, run
 from test_publication_e2e import deployed
 
@@ -63,10 +64,6 @@ async def managed_states(d: Any, lora_name: str) -> dict[str, str | None]:
         adapters = {a["name"]: a["state"] for a in (await client.status())["managed"]}
         states[engine] = adapters.get(lora_name)
     return states
-
-
-def unloads(audit: dict[str, dict[str, int]]) -> dict[str, int]:
-    return {engine: counters["physical_unload"] for engine, counters in audit.items()}
 
 
 def test_injected_lost_commit_replies_keep_the_new_default_loaded_and_block_the_next_publication(
