@@ -236,16 +236,37 @@ def test_injected_lost_confirm_replies_are_resolved_by_the_same_confirms(tmp_pat
         registry, engines = deployment(tmp_path)
         a_version = await _published_and_retired(registry, engines)
         lossy = LosesReplies(registry, "confirm:", lose_for_s=1.0)
-        reclaimer = Reclaimer(lossy, engines, Deadlines(commit=0.3))
+        reclaimer = Reclaimer(lossy, engines, Deadlines(commit=0.3, reclaim=30.0))
         outcome = await reclaimer.reclaim(a_version)
-        # The confirms landed, only their replies were lost: no engine counts as confirmed by this call,
-        # and the status is the registry's own (read afterwards), not a guess from the lost replies.
+        # The confirms landed, only their replies were lost: within the reclaim deadline the driver sends
+        # the same confirm keys again (row confirm.lost), answered from the journal.
         assert set(lossy.lost) == {f"confirm:{outcome.reclaim_id}:{e}" for e in ENGINES}
         assert all(lossy.applied_before_loss)
-        assert (outcome.status, outcome.confirmed) == (ReclaimStatus.RECLAIMED, ())
-        await asyncio.sleep(1.0)
+        assert reclaimer.last_loop is not None and "confirm.lost" in reclaimer.last_loop.fired
+        assert (outcome.status, outcome.confirmed) == (ReclaimStatus.RECLAIMED, tuple(ENGINES))
         again = await reclaimer.reclaim(a_version)
-        assert again.status is ReclaimStatus.RECLAIMED and set(again.confirmed) == set(ENGINES)
+        # The same claim key: answered from the journal, it names the same engines and reclaim id again.
+        assert (again.status, again.confirmed, again.reclaim_id) == (ReclaimStatus.RECLAIMED, tuple(ENGINES),
+                                                                    outcome.reclaim_id)
+
+    asyncio.run(body())
+
+
+def test_injected_confirm_replies_lost_past_the_reclaim_deadline_leave_it_pending(tmp_path: Path) -> None:
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version = await _published_and_retired(registry, engines)
+        lossy = LosesReplies(registry, "confirm:", lose_for_s=1.5)
+        reclaimer = Reclaimer(lossy, engines, Deadlines(commit=0.3, reclaim=0.5))
+        outcome = await reclaimer.reclaim(a_version)
+        # No confirm answer in time: no engine counts as confirmed and the outcome is PENDING, although the
+        # registry (which did apply the confirms) has it RECLAIMED; the next reclaim learns that.
+        assert all(lossy.applied_before_loss)
+        assert (outcome.status, outcome.confirmed) == (ReclaimStatus.PENDING, ())
+        assert (await registry.version_states([a_version]))[a_version] is VersionState.RECLAIMED
+        await asyncio.sleep(1.5)
+        again = await reclaimer.reclaim(a_version)
+        assert again.status is ReclaimStatus.RECLAIMED
 
     asyncio.run(body())
 

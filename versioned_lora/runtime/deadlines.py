@@ -25,6 +25,7 @@ class Deadlines:
     cleanup: float = 60.0
     reclaim: float = 600.0
     max_no_progress: float = 120.0
+    retry_pause: float = 0.1  # between two cleanups of a candidate a request still holds (IN_USE)
 
 
 class PhaseDeadlineMissed(Exception):

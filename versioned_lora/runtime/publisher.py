@@ -33,30 +33,28 @@ from typing import Any, TypeVar
 import attrs
 
 from versioned_lora.lifecycle import (
-    Abort,
-    Commit,
     EngineRestarted,
-    RecordCleaned,
     RecordPrepared,
     RecordReady,
-    RecordUnknown,
     Rejected,
     Reserve,
     VersionKey,
+    drivers,
 )
-from versioned_lora.lifecycle.effects import CleanupOnEngine, StageOnEngine
+from versioned_lora.lifecycle.effects import StageOnEngine
+from versioned_lora.lifecycle.results import Committed
 from versioned_lora.runtime.deadlines import Deadlines, PhaseDeadlineMissed, submit_until_known
+from versioned_lora.runtime.driver_loop import DriverLoop
 from versioned_lora.runtime.interfaces import (
     CandidatePort,
     EngineRefused,
-    EngineUnreachable,
     ProbeCheck,
     RegistryPort,
     RegistryUnavailable,
     StagingEnginePort,
 )
+from versioned_lora.spec.drivers import DriverOutcome
 from versioned_lora.spec.identities import lora_name
-from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import PlacementState, VersionState
 
 logger = logging.getLogger(__name__)
@@ -140,6 +138,7 @@ class Publisher:
         # cancellation ends it before the registry answered (RFC §3.4: resolved by the same commit).
         self._commit_task: asyncio.Future[PublishOutcome] | None = None
         self._reserve_keys: dict[tuple[VersionKey, str], str] = {}  # reserves whose reply was lost, by content
+        self.settle_loops: list[DriverLoop] = []  # every settle driver this publisher ran (tests read their rows)
 
     # ---- entry points
     async def sync_incarnations(self) -> None:
@@ -256,24 +255,33 @@ class Publisher:
     async def _commit_and_resolve(
         self, version: VersionKey, lora_name: str | None, token: str, phases: dict[str, float]
     ) -> PublishOutcome:
-        """Commit under a key derived from the attempt and the revision it expects. The call runs in a task
-        of its own that retries the same key until the registry answers: a deadline that fires (or the
-        caller's cancellation) ends the wait, never the commit, whose reply may still be on its way."""
+        """Commit under a key derived from the attempt and the revision it expects, through the settle driver
+        (spec/drivers.py): a commit whose deadline fires (or whose caller is cancelled) is reported UNKNOWN
+        and retried under the same key until the registry answers; it is never aborted."""
         try:
             view = await self.registry.publication_view()
         except RegistryUnavailable as exc:  # nothing was sent: the attempt is certainly not committed
             status = await self.abort_and_clean(version, token, phases)
             return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=lora_name,
                                   attempt_token=token, phases=phases, detail=str(exc))
-        expected = view.default_revision
-        key = f"commit:{token}:{expected}"
-        task = asyncio.ensure_future(self._resolve_commit(version, lora_name, token, expected, key, phases))
-        self._commit_task = task
         started = time.monotonic()
-        limit, _ = self._phase_limit("commit")
+        loop = self._settle(drivers.settle(version, token, view.default_revision, commit=True))
+
+        async def final() -> PublishOutcome:
+            report = await loop.finished()
+            self._last_progress = time.monotonic()
+            return self._outcome(report, version, lora_name, token, phases, loop)
+
+        self._commit_task = asyncio.ensure_future(final())
         try:
-            outcome = await asyncio.wait_for(asyncio.shield(task), limit)
-        except TimeoutError:
+            report = await loop.reported()
+        except asyncio.CancelledError:
+            loop.cancel()  # the caller gave up: row commit.cancel (the commit itself goes on)
+            raise
+        state = loop.state
+        assert isinstance(state, drivers.SettleState)
+        if report.outcome is DriverOutcome.UNKNOWN and not loop.done:
+            limit, key = self.seconds("commit"), drivers.commit_key(state)
             logger.warning("commit of %s missed its %.1fs deadline: outcome unknown, resolving by retrying %s",
                            version, limit, key)
             return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.COMMIT_OUTCOME_UNKNOWN,
@@ -281,76 +289,38 @@ class Publisher:
                                   detail=f"commit missed its {limit:.1f}s deadline; retrying {key!r} until answered")
         phases["commit"] = time.monotonic() - started
         self._on_phase("", "commit", phases["commit"])
-        return outcome
-
-    async def _resolve_commit(
-        self, version: VersionKey, lora_name: str | None, token: str, expected: int, key: str,
-        phases: dict[str, float],
-    ) -> PublishOutcome:
-        answer = await submit_until_known(self.registry, Commit(version, token, expected), key, deadline_s=None)
-        self._last_progress = time.monotonic()
-        if isinstance(answer.result, Rejected):
-            # A certain refusal (not ready everywhere, revision moved): the commit did not land.
-            reason = str(answer.result.reason)
-            status = await self.abort_and_clean(version, token, phases)
-            return PublishOutcome(status, version, reason=reason, lora_name=lora_name, attempt_token=token,
-                                  phases=phases, detail="commit refused")
-        return PublishOutcome(PublishStatus.COMMITTED, version, lora_name=lora_name, attempt_token=token,
-                              default_revision=int(answer.result.receipt.default_revision), phases=phases)
+        return await asyncio.shield(self._commit_task)
 
     async def abort_and_clean(self, version: VersionKey, token: str, phases: dict[str, float]) -> PublishStatus:
-        """Abort the attempt and clean exactly what the registry's answer names. A refused abort (the
-        version was committed, or another attempt is live) cleans nothing; so does an abort whose reply
-        is lost past its deadline (it may have landed: `recover` retries the same key)."""
-        try:
-            answer = await self._report(Abort(version, token), f"abort:{token}")
-        except RegistryUnavailable as exc:
-            logger.warning("abort of %s: outcome unknown (%s); nothing cleaned", version, exc)
-            return PublishStatus.UNKNOWN
-        if isinstance(answer.result, Rejected):
-            # E.g. `abort.after_commit`: the commit landed, its reply was lost. A committed version is never
-            # cleaned; what happened is for `resolve`/`recover` to establish, not for this call to guess.
-            logger.warning("abort of %s refused (%s); nothing cleaned", version, answer.result.reason)
-            return PublishStatus.UNKNOWN
-        cleanups = [(effect, answer.capability_of(index)) for index, effect in enumerate(answer.effects)
-                    if isinstance(effect, CleanupOnEngine)]
-        results = await asyncio.gather(*(self._clean_one(c, capability) for c, capability in cleanups),
-                                       return_exceptions=True)
+        """Abort the attempt and clean exactly what the registry's answer names, through the settle driver. A
+        refused abort (the version was committed, or another attempt is live) cleans nothing; so does an abort
+        whose reply is lost past its deadline (it may have landed: `recover` retries the same key)."""
+        loop = self._settle(drivers.settle(version, token, -1, commit=False))
+        report = await loop.finished()
         phases["cleanup"] = phases.get("cleanup", 0.0)
-        try:
-            state = (await self.registry.version_states([version])).get(version)
-        except RegistryUnavailable:
-            return PublishStatus.UNKNOWN
-        if state is VersionState.FAILED_CLEAN:
-            return PublishStatus.FAILED_CLEAN
-        logger.warning("cleanup of %s not confirmed everywhere: %s", version, results)
-        return PublishStatus.UNKNOWN
+        if report.outcome is not DriverOutcome.FAILED_CLEAN:
+            logger.warning("abort of %s: %s (%s); rows %s", version, report.outcome, report.reason, loop.fired)
+        return PublishStatus(report.outcome)
 
-    async def _clean_one(self, cleanup: CleanupOnEngine, capability: str | None) -> None:
-        engine = self.engines[cleanup.engine]
-        try:
-            await asyncio.wait_for(self._clean_when_idle(engine, cleanup, capability), self.deadlines.cleanup)
-        except (EngineUnreachable, TimeoutError):
-            await self._report(RecordUnknown(cleanup.version, cleanup.attempt_token, cleanup.engine),
-                               f"unknown:{cleanup.attempt_token}:{cleanup.engine}:{time.monotonic_ns()}")
-            raise
-        await self._report(RecordCleaned(cleanup.version, cleanup.attempt_token, cleanup.engine),
-                           f"cleaned:{cleanup.attempt_token}:{cleanup.engine}")
+    def _settle(self, state: drivers.SettleState) -> DriverLoop:
+        loop = DriverLoop(state, self.registry, self.engines, self.seconds)
+        self.settle_loops.append(loop)
+        return loop
+
+    def seconds(self, deadline: str) -> float:
+        """A driver timer's seconds: the phase's deadline, capped by the run's no-progress bound."""
+        if deadline == "commit":
+            return self._phase_limit("commit")[0]
+        return float(getattr(self.deadlines, deadline))
 
     @staticmethod
-    async def _clean_when_idle(
-        engine: StagingEnginePort[Any], cleanup: CleanupOnEngine, capability: str | None
-    ) -> None:
-        # A loaded candidate that a request still holds (its own probe, say) answers IN_USE; nothing is
-        # unloaded under a request, so wait for it and ask again (bounded by the cleanup deadline).
-        while True:
-            try:
-                await engine.cleanup(cleanup.lora_name, cleanup.attempt_token, capability)
-                return
-            except EngineRefused as refused:
-                if refused.reason != Reason.IN_USE:
-                    raise
-                await asyncio.sleep(0.1)
+    def _outcome(report: drivers.Report, version: VersionKey, lora_name: str | None, token: str,
+                 phases: dict[str, float], loop: DriverLoop) -> PublishOutcome:
+        receipt = next((r for r in loop.answers if isinstance(r, Committed)), None)
+        return PublishOutcome(PublishStatus(report.outcome), version, reason=report.reason, lora_name=lora_name,
+                              attempt_token=token, phases=phases,
+                              default_revision=None if receipt is None else int(receipt.receipt.default_revision),
+                              detail="commit refused" if report.reason else "")
 
     async def recover(self) -> list[PublishOutcome]:
         """A publisher that crashed mid-attempt is finished by the next one: an attempt READY everywhere is

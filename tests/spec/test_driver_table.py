@@ -1,0 +1,179 @@
+"""The driver table (spec/drivers.py) as data, and its step over every phase × input (h2 style).
+
+Every (machine, phase, input) pair is covered by a row; an uncovered one is the one ProtocolError; every
+row names guards and commands that exist; "late" rows change nothing; and, over every reachable driver
+state and every input Hypothesis draws, `step` either fires a row of the right machine or raises the
+ProtocolError (never another exception), and keys are derived from the state alone.
+"""
+
+from __future__ import annotations
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from versioned_lora.lifecycle.drivers import (
+    BUILDERS,
+    DRIVERS,
+    GUARDS,
+    Answer,
+    Call,
+    Cancel,
+    CleanupEngineState,
+    Deadline,
+    Drivers,
+    Lost,
+    ReclaimEngineState,
+    Refusal,
+    Reply,
+    Report,
+    Start,
+    Submit,
+    Timer,
+    reclaim,
+    settle,
+)
+from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine
+from versioned_lora.lifecycle.errors import ProtocolError
+from versioned_lora.lifecycle.results import Aborted, Committed, ReclaimClaimed, ReclaimConfirmed, Recorded, Rejected
+from versioned_lora.spec.drivers import (
+    DRIVER_ROWS,
+    INPUTS,
+    PHASES,
+    Driver,
+    DriverOutcome,
+    uncovered_driver_pairs,
+)
+from versioned_lora.spec.identities import VersionKey
+from versioned_lora.spec.model import CommitReceipt
+from versioned_lora.spec.reasons import Reason
+from versioned_lora.spec.states import SAME, WILDCARD, PlacementState, VersionState
+
+B = VersionKey(0, "B")
+ENGINES = ("E0", "E1")
+
+
+def test_every_pair_is_covered_and_rows_name_what_exists() -> None:
+    assert uncovered_driver_pairs() == ()
+    ids = [r.id for r in DRIVER_ROWS]
+    assert len(ids) == len(set(ids))
+    for r in DRIVER_ROWS:
+        assert set(r.expanded_sources()) <= set(PHASES[r.machine]), r.id
+        assert r.target == SAME or r.target in PHASES[r.machine], r.id
+        assert r.input in INPUTS[r.machine], r.id
+        assert set(r.guards) <= GUARDS.keys() and set(r.commands) <= BUILDERS.keys(), r.id
+        if r.sources == (WILDCARD,):
+            assert not r.changes_state, f"{r.id}: only rows that change nothing may use the wildcard"
+
+
+def test_an_uncovered_pair_is_the_protocol_error() -> None:
+    rows = tuple(r for r in DRIVER_ROWS if r.id != "settle.late_cancel")
+    assert (Driver.SETTLE, "DONE", "Cancel") in uncovered_driver_pairs(rows)
+    done = attrs.evolve(settle(B, "t", 1, commit=True), phase="DONE")
+    with pytest.raises(ProtocolError):
+        Drivers(rows).step(done, Cancel())
+    assert DRIVERS.step(done, Cancel()).fired == ("settle.late_cancel",)
+
+
+# ---------------------------------------------------------------- the data-loss rows, exactly
+
+
+def _run(state, *inputs):
+    fired: list[str] = []
+    commands = []
+    for inp in inputs:
+        step = DRIVERS.step(state, inp)
+        state, fired, commands = step.state, fired + list(step.fired), commands + list(step.commands)
+    return state, fired, commands
+
+
+def test_a_fired_commit_deadline_is_unknown_and_never_an_abort() -> None:
+    state, fired, commands = _run(settle(B, "t", 1, commit=True), Start(), Deadline(Timer("commit")),
+                                  Lost(Call("commit")))
+    assert fired == ["settle.commit", "commit.deadline", "commit.lost"]
+    assert state.phase == "COMMIT_UNRESOLVED"
+    assert [c for c in commands if isinstance(c, Report)] == [Report(DriverOutcome.UNKNOWN)]
+    submits = [c for c in commands if isinstance(c, Submit)]
+    assert [c.key for c in submits] == ["commit:t:1", "commit:t:1"]  # the same key, never an abort
+
+
+def test_a_refused_abort_cleans_nothing() -> None:
+    refused = Answer(Call("abort"), Reply(Rejected(Reason.STALE_ATTEMPT, "abort.after_commit")))
+    state, fired, commands = _run(settle(B, "t", -1, commit=False), Start(), refused)
+    assert fired == ["settle.abort", "abort.refused"]
+    assert state.phase == "DONE" and not state.engines
+    assert not [c for c in commands if type(c).__name__ == "CleanupEngine"]
+    assert commands[-1] == Report(DriverOutcome.UNKNOWN, str(Reason.STALE_ATTEMPT))
+
+
+def test_an_abort_cleans_exactly_what_its_answer_names() -> None:
+    order = CleanupOnEngine("E1", B, "relax_policy_lora@0-B-x", "t")
+    answer = Answer(Call("abort"), Reply(Aborted(B, "t", VersionState.ABORTED), (order,), ("cap-E1",)))
+    state, fired, commands = _run(settle(B, "t", -1, commit=False), Start(), answer)
+    cleanups = [c for c in commands if type(c).__name__ == "CleanupEngine"]
+    assert [(c.engine, c.lora_name, c.capability) for c in cleanups] == [("E1", order.lora_name, "cap-E1")]
+    freed = Answer(Call("cleaned", "E1"), Reply(Recorded(B, "E1", PlacementState.CLEANED), (CapacityFreed(B),)))
+    state, more, commands = _run(state, Answer(Call("cleanup", "E1")), freed)
+    assert more == ["clean.done", "cleaned.recorded", "cleaning.all_clean"]
+    assert commands[-1] == Report(DriverOutcome.FAILED_CLEAN)
+
+
+def test_a_lost_claim_reclaims_nothing() -> None:
+    state, fired, commands = _run(reclaim(B), Start(), Lost(Call("claim")), Deadline(Timer("claim")))
+    assert fired == ["reclaim.start", "claim.lost", "claim.deadline"]
+    assert not [c for c in commands if type(c).__name__ == "ReclaimEngine"]
+    assert commands[-1] == Report(DriverOutcome.UNKNOWN)
+
+
+# ---------------------------------------------------------------- every reachable state x every input
+
+_ORDERS = {e: CleanupOnEngine(e, B, f"n-{e}", "t") for e in ENGINES}
+_RECLAIMS = {e: ReclaimOnEngine(e, B, f"n-{e}", "rid") for e in ENGINES}
+_REPLIES = [
+    Reply(Committed(CommitReceipt(B, "t", 2, None))),
+    Reply(Rejected(Reason.NOT_READY, "commit.not_ready")),
+    Reply(Aborted(B, "t", VersionState.ABORTED), tuple(_ORDERS.values()), ("c0", "c1")),
+    Reply(Aborted(B, "t", VersionState.FAILED_CLEAN)),
+    Reply(ReclaimClaimed(B, "rid", VersionState.RECLAIMING), tuple(_RECLAIMS.values())),
+    Reply(ReclaimClaimed(B, "rid", VersionState.RECLAIMED)),
+    Reply(ReclaimConfirmed(B, "E0", VersionState.RECLAIMED)),
+    Reply(Recorded(B, "E0", PlacementState.CLEANED), (CapacityFreed(B),)),
+    None,
+    True,
+    False,
+]
+_CALLS = [Call(op, e) for op in ("commit", "abort", "claim") for e in ("",)] + [
+    Call(op, e) for op in ("cleanup", "cleaned", "unknown", "reclaim", "confirm") for e in ENGINES
+]
+_TIMERS = [Timer("commit"), Timer("claim")] + [Timer(n, e) for n in ("engine", "report", "backoff") for e in ENGINES]
+
+inputs = st.one_of(
+    st.just(Start()),
+    st.just(Cancel()),
+    st.builds(Answer, st.sampled_from(_CALLS), st.sampled_from(_REPLIES)),
+    st.builds(Refusal, st.sampled_from(_CALLS), st.sampled_from([Reason.IN_USE, Reason.NOT_RECLAIMABLE])),
+    st.builds(Lost, st.sampled_from(_CALLS)),
+    st.builds(Deadline, st.sampled_from(_TIMERS)),
+)
+starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, commit=False), reclaim(B)])
+
+
+@settings(max_examples=400, deadline=None)
+@given(start=starts, script=st.lists(inputs, max_size=12))
+def test_step_over_reachable_states_and_every_input(start, script) -> None:
+    state = start
+    for inp in script:
+        try:
+            step = DRIVERS.step(state, inp)
+        except ProtocolError:  # the one error; nothing else may escape
+            continue
+        assert step.fired and all(f in {r.id for r in DRIVER_ROWS} for f in step.fired)
+        for sub in step.state.engines.values():
+            assert isinstance(sub, (CleanupEngineState, ReclaimEngineState))
+        # Determinism: the same state and input give the same step (keys come from the state only).
+        assert DRIVERS.step(state, inp) == step
+        # Once done, a driver stays done.
+        if state.phase == "DONE":
+            assert step.state.phase == "DONE" and not step.commands
+        state = step.state

@@ -1,0 +1,470 @@
+"""The driver machines of `spec/drivers.py`, sans-I/O: `step(state, input) -> DriverStep`.
+
+The table decides; this module holds the named guards and command builders its rows refer to, and the
+one `step` that picks a row. States, inputs and commands are frozen values (hashable, so the model
+checker interns them); every idempotency key is derived from the state (`keys_of`), never from a clock
+or a uuid. Nothing here does I/O or knows about asyncio, Ray or HTTP: `runtime/driver_loop.py` executes
+the commands and feeds their outcomes back as inputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any, TypeAlias
+
+import attrs
+from immutables import Map
+
+from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine
+from versioned_lora.lifecycle.errors import ProtocolError
+from versioned_lora.lifecycle.results import Aborted, ReclaimClaimed, ReclaimConfirmed, Rejected
+from versioned_lora.spec.drivers import DRIVER_ROWS, TERMINAL, Driver, DriverOutcome, DriverRow, Input
+from versioned_lora.spec.events import (
+    Abort,
+    ClaimReclaim,
+    Commit,
+    ConfirmReclaim,
+    RecordCleaned,
+    RecordUnknown,
+    RegistryEvent,
+)
+from versioned_lora.spec.identities import VersionKey
+from versioned_lora.spec.reasons import Reason
+from versioned_lora.spec.states import SAME, VersionState
+
+# ---------------------------------------------------------------- calls, timers, inputs, commands
+
+
+@attrs.frozen(order=True)
+class Call:
+    """Which of a driver's calls a reply belongs to: an operation, and the engine for per-engine calls."""
+
+    op: str
+    engine: str = ""
+
+
+@attrs.frozen(order=True)
+class Timer:
+    name: str  # "commit" | "claim" | "engine" | "report" | "backoff"
+    engine: str = ""
+
+
+@attrs.frozen
+class Reply:
+    """A registry answer as the driver sees it (the runtime's RegistryAnswer, minus transport fields)."""
+
+    result: Any
+    effects: tuple[Any, ...] = ()
+    capabilities: tuple[str | None, ...] = ()
+
+
+@attrs.frozen
+class Start:
+    pass
+
+
+@attrs.frozen
+class Answer:
+    call: Call
+    value: Any = None  # a Reply for registry calls; the engine call's return value otherwise
+
+
+@attrs.frozen
+class Refusal:
+    call: Call
+    reason: str
+
+
+@attrs.frozen
+class Lost:
+    call: Call
+
+
+@attrs.frozen
+class Deadline:
+    timer: Timer
+
+
+@attrs.frozen
+class Cancel:
+    pass
+
+
+@attrs.frozen
+class Settled:
+    engine: str
+
+
+DriverInput: TypeAlias = Start | Answer | Refusal | Lost | Deadline | Cancel | Settled
+
+
+@attrs.frozen
+class Submit:
+    """One registry call under `key` (the same key on every retry of the same call)."""
+
+    call: Call
+    event: RegistryEvent
+    key: str
+
+
+@attrs.frozen
+class CleanupEngine:
+    call: Call
+    engine: str
+    lora_name: str
+    attempt_token: str
+    capability: str | None
+
+
+@attrs.frozen
+class ReclaimEngine:
+    """Unregister, wait for the refcount to drain (up to the executor's poll interval), unload once."""
+
+    call: Call
+    engine: str
+    lora_name: str
+    reclaim_id: str
+    capability: str | None
+
+
+@attrs.frozen
+class Arm:
+    timer: Timer
+    deadline: str  # the `runtime.deadlines.Deadlines` field that gives its seconds
+
+
+@attrs.frozen
+class Disarm:
+    timer: Timer
+
+
+@attrs.frozen
+class Report:
+    """Tell the caller how the work ended (the driver may go on: a commit reported UNKNOWN is resolved)."""
+
+    outcome: DriverOutcome
+    reason: str | None = None
+
+
+Command: TypeAlias = Submit | CleanupEngine | ReclaimEngine | Arm | Disarm | Report
+
+# ---------------------------------------------------------------- driver states
+
+
+@attrs.frozen
+class CleanupEngineState:
+    phase: str
+    order: CleanupOnEngine
+    capability: str | None
+    freed: bool = False  # the registry's answer to this engine's cleaned receipt freed the slot
+
+
+@attrs.frozen
+class SettleState:
+    """A staged attempt's end game. `commit`: READY was recorded everywhere, so commit; else abort."""
+
+    phase: str
+    version: VersionKey
+    attempt_token: str
+    expected_revision: int
+    commit: bool
+    engines: Map[str, CleanupEngineState] = attrs.field(factory=Map)
+    reason: str | None = None  # the refusal that decided the outcome, for the caller
+
+
+@attrs.frozen
+class ReclaimEngineState:
+    phase: str
+    order: ReclaimOnEngine
+    capability: str | None
+    reclaimed: bool = False  # this engine's confirm was answered RECLAIMED (the last one)
+
+
+@attrs.frozen
+class ReclaimState:
+    phase: str
+    version: VersionKey
+    engines: Map[str, ReclaimEngineState] = attrs.field(factory=Map)
+    reclaim_id: str | None = None
+    reason: str | None = None
+
+
+DriverState: TypeAlias = SettleState | ReclaimState
+SubState: TypeAlias = CleanupEngineState | ReclaimEngineState
+
+
+def settle(version: VersionKey, attempt_token: str, expected_revision: int, *, commit: bool) -> SettleState:
+    return SettleState("IDLE", version, attempt_token, expected_revision, commit)
+
+
+def reclaim(version: VersionKey) -> ReclaimState:
+    return ReclaimState("IDLE", version)
+
+
+# ---------------------------------------------------------------- keys (derived from the state only)
+
+
+def commit_key(s: SettleState) -> str:
+    return f"commit:{s.attempt_token}:{s.expected_revision}"
+
+
+def abort_key(s: SettleState) -> str:
+    return f"abort:{s.attempt_token}"
+
+
+def claim_key(s: ReclaimState) -> str:
+    return f"claim:{s.version.epoch}:{s.version.version_id}"
+
+
+# ---------------------------------------------------------------- guards: (state, sub, input) -> bool
+
+Ctx = tuple[Any, Any, DriverInput]  # (coordinator state, sub-machine state or None, input)
+
+
+def _call_op(inp: DriverInput) -> str:
+    return inp.call.op if isinstance(inp, (Answer, Refusal, Lost)) else ""
+
+
+def _result(inp: DriverInput) -> Any:
+    return inp.value.result if isinstance(inp, Answer) and isinstance(inp.value, Reply) else None
+
+
+def _effects(inp: DriverInput, kind: type) -> list[tuple[Any, str | None]]:
+    if not (isinstance(inp, Answer) and isinstance(inp.value, Reply)):
+        return []
+    caps = inp.value.capabilities
+    return [(e, caps[i] if i < len(caps) else None) for i, e in enumerate(inp.value.effects) if isinstance(e, kind)]
+
+
+def _timer(inp: DriverInput, name: str) -> bool:
+    return isinstance(inp, Deadline) and inp.timer.name == name
+
+
+def _settled(s: Any) -> bool:
+    terminal = TERMINAL[Driver.CLEANUP_ENGINE] | TERMINAL[Driver.RECLAIM_ENGINE]
+    return all(sub.phase in terminal for sub in s.engines.values())
+
+
+GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
+    "wants_commit": lambda s, sub, i: bool(s.commit),
+    "answers_commit": lambda s, sub, i: _call_op(i) == "commit",
+    "answers_abort": lambda s, sub, i: _call_op(i) == "abort",
+    "answers_claim": lambda s, sub, i: _call_op(i) == "claim",
+    "answers_engine_cleanup": lambda s, sub, i: _call_op(i) == "cleanup",
+    "answers_cleaned": lambda s, sub, i: _call_op(i) == "cleaned",
+    "answers_unknown": lambda s, sub, i: _call_op(i) == "unknown",
+    "answers_engine_reclaim": lambda s, sub, i: _call_op(i) == "reclaim",
+    "answers_confirm": lambda s, sub, i: _call_op(i) == "confirm",
+    "names_cleanups": lambda s, sub, i: bool(_effects(i, CleanupOnEngine)),
+    "names_reclaims": lambda s, sub, i: bool(_effects(i, ReclaimOnEngine)),
+    "abort_says_clean": lambda s, sub, i: isinstance(_result(i), Aborted)
+    and _result(i).state is VersionState.FAILED_CLEAN,
+    "claim_says_reclaimed": lambda s, sub, i: isinstance(_result(i), ReclaimClaimed)
+    and _result(i).state is VersionState.RECLAIMED,
+    "commit_timer": lambda s, sub, i: _timer(i, "commit"),
+    "claim_timer": lambda s, sub, i: _timer(i, "claim"),
+    "engine_timer": lambda s, sub, i: _timer(i, "engine"),
+    "backoff_timer": lambda s, sub, i: _timer(i, "backoff"),
+    "report_timer": lambda s, sub, i: _timer(i, "report"),
+    "in_use": lambda s, sub, i: isinstance(i, Refusal) and i.reason == Reason.IN_USE,
+    "unloaded": lambda s, sub, i: isinstance(i, Answer) and i.value is True,
+    "cleanups_settled": lambda s, sub, i: _settled(s),
+    "reclaims_settled": lambda s, sub, i: _settled(s),
+    "capacity_freed": lambda s, sub, i: any(e.freed for e in s.engines.values()),
+    "registry_says_reclaimed": lambda s, sub, i: any(e.reclaimed for e in s.engines.values()),
+}
+
+# ---------------------------------------------------------------- command builders: (state, sub, input) -> (state', commands)
+# A builder of a coordinator row gets and returns the coordinator; one of a sub-machine row, the sub-machine.
+
+Built = tuple[Any, tuple[Command, ...]]
+
+
+def _submit_commit(s: SettleState, sub: None, i: DriverInput) -> Built:
+    return s, (Submit(Call("commit"), Commit(s.version, s.attempt_token, s.expected_revision), commit_key(s)),)
+
+
+def _submit_abort(s: SettleState, sub: None, i: DriverInput) -> Built:
+    return s, (Submit(Call("abort"), Abort(s.version, s.attempt_token), abort_key(s)),)
+
+
+def _start_cleanups(s: SettleState, sub: None, i: DriverInput) -> Built:
+    engines = {c.engine: CleanupEngineState("CLEANING", c, cap) for c, cap in _effects(i, CleanupOnEngine)}
+    commands: list[Command] = []
+    for name, e in sorted(engines.items()):
+        commands += [_cleanup_command(e), Arm(Timer("engine", name), "cleanup")]
+    return attrs.evolve(s, engines=Map(engines)), tuple(commands)
+
+
+def _cleanup_command(e: CleanupEngineState) -> CleanupEngine:
+    o = e.order
+    return CleanupEngine(Call("cleanup", o.engine), o.engine, o.lora_name, o.attempt_token, e.capability)
+
+
+def _submit_claim(s: ReclaimState, sub: None, i: DriverInput) -> Built:
+    return s, (Submit(Call("claim"), ClaimReclaim(s.version), claim_key(s)),)
+
+
+def _start_reclaims(s: ReclaimState, sub: None, i: DriverInput) -> Built:
+    result = _result(i)
+    engines = {r.engine: ReclaimEngineState("UNLOADING", r, cap) for r, cap in _effects(i, ReclaimOnEngine)}
+    commands: list[Command] = []
+    for name, e in sorted(engines.items()):
+        commands += [_reclaim_command(e), Arm(Timer("engine", name), "reclaim")]
+    return attrs.evolve(s, engines=Map(engines), reclaim_id=result.reclaim_id), tuple(commands)
+
+
+def _reclaim_command(e: ReclaimEngineState) -> ReclaimEngine:
+    o = e.order
+    return ReclaimEngine(Call("reclaim", o.engine), o.engine, o.lora_name, o.reclaim_id, e.capability)
+
+
+def _sub_timer(sub: Any) -> Timer:
+    return Timer("engine", sub.order.engine)
+
+
+BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
+    "submit_commit": _submit_commit,
+    "submit_abort": _submit_abort,
+    "arm_commit": lambda s, sub, i: (s, (Arm(Timer("commit"), "commit"),)),
+    "disarm": lambda s, sub, i: (s, (Disarm(Timer("claim" if isinstance(s, ReclaimState) else "commit")),)),
+    "start_cleanups": _start_cleanups,
+    "submit_claim": _submit_claim,
+    "arm_claim": lambda s, sub, i: (s, (Arm(Timer("claim"), "commit"),)),
+    "start_reclaims": _start_reclaims,
+    "disarm_all": lambda s, sub, i: (s, tuple(Disarm(Timer("engine", e)) for e in sorted(s.engines))),
+    # ---- sub-machines
+    "send_cleanup": lambda e, sub, i: (e, (_cleanup_command(e),)),
+    "arm_backoff": lambda e, sub, i: (e, (Arm(Timer("backoff", e.order.engine), "retry_pause"),)),
+    "disarm_engine": lambda e, sub, i: (e, (Disarm(_sub_timer(e)),)),
+    "arm_report": lambda e, sub, i: (e, (Arm(Timer("report", e.order.engine), "commit"),)),
+    "disarm_report": lambda e, sub, i: (e, (Disarm(Timer("report", e.order.engine)),)),
+    "submit_cleaned": lambda e, sub, i: (e, (Submit(
+        Call("cleaned", e.order.engine), RecordCleaned(e.order.version, e.order.attempt_token, e.order.engine),
+        f"cleaned:{e.order.attempt_token}:{e.order.engine}"),)),
+    # One UNKNOWN receipt per attempt and engine: a second unknown outcome is the same fact.
+    "submit_unknown": lambda e, sub, i: (e, (Submit(
+        Call("unknown", e.order.engine), RecordUnknown(e.order.version, e.order.attempt_token, e.order.engine),
+        f"unknown:{e.order.attempt_token}:{e.order.engine}"),)),
+    "note_capacity": lambda e, sub, i: (attrs.evolve(e, freed=bool(_effects(i, CapacityFreed))), ()),
+    "send_reclaim": lambda e, sub, i: (e, (_reclaim_command(e),)),
+    "submit_confirm": lambda e, sub, i: (e, (Submit(
+        Call("confirm", e.order.engine), ConfirmReclaim(e.order.version, e.order.engine, e.order.reclaim_id),
+        f"confirm:{e.order.reclaim_id}:{e.order.engine}"),)),
+    "note_reclaimed": lambda e, sub, i: (attrs.evolve(
+        e, reclaimed=isinstance(_result(i), ReclaimConfirmed) and _result(i).state is VersionState.RECLAIMED), ()),
+}
+
+# ---------------------------------------------------------------- step
+
+MACHINE_OF: dict[type, Driver] = {
+    SettleState: Driver.SETTLE,
+    CleanupEngineState: Driver.CLEANUP_ENGINE,
+    ReclaimState: Driver.RECLAIM,
+    ReclaimEngineState: Driver.RECLAIM_ENGINE,
+}
+INPUT_KIND: dict[type, Input] = {
+    Start: Input.START, Answer: Input.ANSWER, Refusal: Input.REFUSAL, Lost: Input.LOST,
+    Deadline: Input.DEADLINE, Cancel: Input.CANCEL, Settled: Input.SETTLED,
+}  # fmt: skip
+
+
+def input_kind(inp: DriverInput) -> Input:
+    """A registry answer whose result is `Rejected` is a refusal: certain, and nothing changed there."""
+    if isinstance(inp, Answer) and isinstance(inp.value, Reply) and isinstance(inp.value.result, Rejected):
+        return Input.REFUSAL
+    return INPUT_KIND[type(inp)]
+
+
+def _reason(inp: DriverInput) -> str | None:
+    if isinstance(inp, Refusal):
+        return inp.reason
+    result = _result(inp)
+    return str(result.reason) if isinstance(result, Rejected) else None
+
+
+def _engine_of(inp: DriverInput) -> str:
+    if isinstance(inp, (Answer, Refusal, Lost)):
+        return inp.call.engine
+    if isinstance(inp, Deadline):
+        return inp.timer.engine
+    return ""
+
+
+@attrs.frozen
+class DriverStep:
+    state: Any
+    commands: tuple[Command, ...]
+    fired: tuple[str, ...]  # the ids of the rows that fired (a sub-machine's, then its coordinator's)
+
+
+class Drivers:
+    """The driver table compiled for lookup: the spec's rows, or a mutant's (scripts/mutate_drivers.py)."""
+
+    def __init__(self, rows: tuple[DriverRow, ...] = DRIVER_ROWS) -> None:
+        self.rows = rows
+        self._by_pair: dict[tuple[Driver, str, Input], list[DriverRow]] = {}
+        for r in rows:
+            for phase in r.expanded_sources():
+                self._by_pair.setdefault((r.machine, phase, r.input), []).append(r)
+        unknown = {g for r in rows for g in r.guards} - GUARDS.keys()
+        unknown |= {c for r in rows for c in r.commands} - BUILDERS.keys()
+        if unknown:
+            raise ValueError(f"driver rows name unknown guards or commands: {sorted(unknown)}")
+
+    def select(self, state: Any, sub: Any, inp: DriverInput) -> DriverRow:
+        target = sub if sub is not None else state
+        machine, kind = MACHINE_OF[type(target)], input_kind(inp)
+        for r in self._by_pair.get((machine, target.phase, kind), ()):
+            if all(GUARDS[g](state, sub, inp) for g in r.guards):
+                return r
+        raise ProtocolError(f"no driver row for {machine}/{target.phase} on {kind}", machine=str(machine),
+                            state=target.phase)
+
+    def _fire(self, state: Any, sub: Any, inp: DriverInput) -> tuple[Any, tuple[Command, ...], str]:
+        r = self.select(state, sub, inp)
+        target = sub if sub is not None else state
+        commands: list[Command] = []
+        for name in r.commands:
+            target, built = BUILDERS[name](target, sub if sub is None else state, inp)
+            commands += built
+        if r.target != SAME:
+            target = attrs.evolve(target, phase=r.target)
+        if sub is None:
+            reason = _reason(inp)
+            if reason is not None and r.target != SAME:
+                target = attrs.evolve(target, reason=reason)
+            if r.report is not None:
+                commands.append(Report(r.report, target.reason))
+        return target, tuple(commands), r.id
+
+    def step(self, state: DriverState, inp: DriverInput) -> DriverStep:
+        """One input: the sub-machine of the engine it names (if the work is still running and has one),
+        then, if that sub-machine just finished, its coordinator with `Settled`; else the coordinator."""
+        engine = _engine_of(inp)
+        running = state.phase not in TERMINAL[MACHINE_OF[type(state)]]
+        sub = state.engines.get(engine) if engine and running else None
+        if sub is None:
+            new, commands, fired = self._fire(state, None, inp)
+            return DriverStep(new, commands, (fired,))
+        new_sub, commands, fired = self._fire(state, sub, inp)
+        engines: Any = state.engines
+        state = attrs.evolve(state, engines=engines.set(engine, new_sub))
+        was_done, done = sub.phase in TERMINAL[MACHINE_OF[type(sub)]], new_sub.phase in TERMINAL[
+            MACHINE_OF[type(sub)]]
+        if done and not was_done:
+            state, more, coordinator = self._fire(state, None, Settled(engine))
+            return DriverStep(state, commands + more, (fired, coordinator))
+        return DriverStep(state, commands, (fired,))
+
+
+DRIVERS = Drivers()
+
+
+def is_done(state: DriverState) -> bool:
+    return state.phase in TERMINAL[MACHINE_OF[type(state)]]
+
+
+def waiting_on(state: DriverState) -> Mapping[str, str]:
+    """Each sub-machine's phase, for logs and the status view."""
+    return {name: sub.phase for name, sub in state.engines.items()}

@@ -1,0 +1,191 @@
+"""The executor of one driver machine (`versioned_lora.lifecycle.drivers`): it carries out each command
+and feeds its outcome back as an input. It decides nothing the driver table decides.
+
+One task owns the driver's state; every completion (a reply, a refusal, a lost reply, a timer that
+fired, the caller's cancellation) reaches it through one inbox, so `step` never runs concurrently with
+itself. Commands run as tasks of their own, one I/O each:
+
+* `Submit`: one `RegistryPort.submit` under the command's key. `RegistryUnavailable` is `Lost`; a retry
+  of the same call (which the table commands after a `Lost`) waits a short, growing pause first, so a
+  restarting registry is not hammered. That pause is transport policy, not a protocol decision.
+* `CleanupEngine`, `ReclaimEngine`: the engine port's call. `EngineRefused` is `Refusal` (its reason),
+  `EngineUnreachable` or a timeout is `Lost`.
+* `Arm`/`Disarm`: a timer (seconds from the caller's `seconds(deadline_name)`); when it fires, `Deadline`.
+* `Report`: the outcome for the caller; the first one answers `reported()`, the one made when the
+  driver reaches its terminal phase answers `finished()`.
+
+The loop ends when the driver is in a terminal phase; calls still in flight then are cancelled (their
+outcome would land on a "late" row anyway). The loop task is not tied to the caller: a caller that stops
+waiting (`Cancel`) or is cancelled itself does not end a call the table still waits for, such as a
+commit being resolved.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from versioned_lora.lifecycle.drivers import (
+    DRIVERS,
+    Answer,
+    Arm,
+    Cancel,
+    CleanupEngine,
+    Command,
+    Deadline,
+    Disarm,
+    DriverInput,
+    Drivers,
+    DriverState,
+    Lost,
+    ReclaimEngine,
+    Refusal,
+    Reply,
+    Report,
+    Start,
+    Submit,
+    Timer,
+    is_done,
+)
+from versioned_lora.runtime.interfaces import (
+    EngineRefused,
+    EngineUnreachable,
+    RegistryPort,
+    RegistryUnavailable,
+    StagingEnginePort,
+)
+
+logger = logging.getLogger(__name__)
+
+RECLAIM_POLL_S = 5.0  # one reclaim call waits at most this long for the engine's refcount to drain
+RETRY_PAUSE_S = (0.05, 1.0)  # first and largest pause before a retried registry call
+
+
+class DriverLoop:
+    def __init__(
+        self,
+        state: DriverState,
+        registry: RegistryPort,
+        engines: Mapping[str, StagingEnginePort[Any]],
+        seconds: Callable[[str], float],
+        drivers: Drivers = DRIVERS,
+    ) -> None:
+        self.state = state
+        self.registry = registry
+        self.engines = engines
+        self.seconds = seconds
+        self.drivers = drivers
+        self.fired: list[str] = []  # every row that fired, in order (tests and logs read it)
+        self.reports: list[Report] = []
+        self.answers: list[Any] = []  # every registry result the driver received (the commit's receipt...)
+        self._inbox: asyncio.Queue[DriverInput] = asyncio.Queue()
+        self._timers: dict[Timer, asyncio.TimerHandle] = {}
+        self._calls: set[asyncio.Task[None]] = set()
+        self._retries: dict[str, int] = {}  # registry key -> how many times it was lost so far
+        loop = asyncio.get_running_loop()
+        self._reported: asyncio.Future[Report] = loop.create_future()
+        self._finished: asyncio.Future[Report] = loop.create_future()
+        self._task = asyncio.ensure_future(self._run())
+
+    # ---- the caller's side
+    async def reported(self) -> Report:
+        """The first outcome the driver reported (it may go on working after it)."""
+        return await asyncio.shield(self._reported)
+
+    async def finished(self) -> Report:
+        """The outcome reported when the driver reached its terminal phase."""
+        return await asyncio.shield(self._finished)
+
+    @property
+    def done(self) -> bool:
+        return self._finished.done()
+
+    def cancel(self) -> None:
+        """The caller stops waiting: an input like any other (the table says what it ends)."""
+        self._inbox.put_nowait(Cancel())
+
+    # ---- the owning task
+    async def _run(self) -> None:
+        self._inbox.put_nowait(Start())
+        try:
+            while not is_done(self.state):
+                inp = await self._inbox.get()
+                step = self.drivers.step(self.state, inp)
+                self.state = step.state
+                self.fired += step.fired
+                for command in step.commands:
+                    self._execute(command)
+        except BaseException as exc:  # a ProtocolError is a bug: surface it to every waiter
+            for future in (self._reported, self._finished):
+                if not future.done():
+                    future.set_exception(exc)
+            raise
+        finally:
+            for handle in self._timers.values():
+                handle.cancel()
+            for task in self._calls:
+                task.cancel()
+        if not self._finished.done():  # a terminal phase reached without a report is a table bug
+            self._finished.set_exception(RuntimeError(f"driver ended in {self.state.phase} without a report"))
+
+    def _execute(self, command: Command) -> None:
+        if isinstance(command, Report):
+            self.reports.append(command)
+            if not self._reported.done():
+                self._reported.set_result(command)
+            if is_done(self.state) and not self._finished.done():
+                self._finished.set_result(command)
+        elif isinstance(command, Arm):
+            self._disarm(command.timer)
+            loop = asyncio.get_running_loop()
+            self._timers[command.timer] = loop.call_later(
+                self.seconds(command.deadline), self._inbox.put_nowait, Deadline(command.timer)
+            )
+        elif isinstance(command, Disarm):
+            self._disarm(command.timer)
+        else:
+            task = asyncio.ensure_future(self._io(command))
+            self._calls.add(task)
+            task.add_done_callback(self._calls.discard)
+
+    def _disarm(self, timer: Timer) -> None:
+        handle = self._timers.pop(timer, None)
+        if handle is not None:
+            handle.cancel()
+
+    async def _io(self, command: Submit | CleanupEngine | ReclaimEngine) -> None:
+        try:
+            outcome = await self._outcome(command)
+        except Exception:  # outside the port's contract: we cannot know whether it landed
+            logger.exception("%s on %s raised outside the port's contract: outcome unknown", command.call.op,
+                             command.call.engine or "registry")
+            outcome = Lost(command.call)
+        self._inbox.put_nowait(outcome)
+
+    async def _outcome(self, command: Submit | CleanupEngine | ReclaimEngine) -> DriverInput:
+        call = command.call
+        try:
+            if isinstance(command, Submit):
+                lost = self._retries.get(command.key, 0)
+                if lost:
+                    await asyncio.sleep(min(RETRY_PAUSE_S[0] * 2 ** (lost - 1), RETRY_PAUSE_S[1]))
+                try:
+                    answer = await self.registry.submit(command.event, key=command.key)
+                except RegistryUnavailable:
+                    self._retries[command.key] = lost + 1
+                    return Lost(call)
+                self.answers.append(answer.result)
+                return Answer(call, Reply(answer.result, answer.effects, answer.capabilities))
+            engine = self.engines[command.engine]
+            if isinstance(command, CleanupEngine):
+                await engine.cleanup(command.lora_name, command.attempt_token, command.capability)
+                return Answer(call)
+            unloaded = await engine.reclaim(command.lora_name, command.reclaim_id, RECLAIM_POLL_S, command.capability)
+            return Answer(call, bool(unloaded))
+        except EngineRefused as refused:
+            return Refusal(call, refused.reason)
+        except (EngineUnreachable, TimeoutError) as exc:
+            logger.info("%s on %s: outcome unknown (%s)", call.op, call.engine or "registry", exc)
+            return Lost(call)

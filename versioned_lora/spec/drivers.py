@@ -1,0 +1,310 @@
+"""The driver table: every decision of the processes that carry the protocol out is one row here.
+
+Theory of operation (read this with `spec/table.py`, whose style it follows). The registry and the
+engines decide what may happen; a *driver* carries one piece of work out against them: it sends calls,
+waits, and decides what to do with each answer. Those decisions lose data when they are made by hand
+(a cleanup derived from a view unloaded a just-committed default), so they are rows too, and the
+runtime's `Publisher` and `Reclaimer` only execute what a row commands.
+
+A driver is sans-I/O: `step(state, input) -> (state, commands)` (`versioned_lora.lifecycle.drivers`).
+
+* Inputs are what can happen to a driver: `Start` (the caller asks for the work), `Answer` (a call's
+  reply), `Refusal` (a certain, typed refusal: nothing changed there), `Lost` (the call may or may not
+  have landed: a lost reply, an unreachable engine), `Deadline` (a timer the driver armed fired; it may
+  fire while the call's reply is still in flight), `Cancel` (the caller gave up waiting) and `Settled`
+  (internal: a per-engine sub-machine reached a terminal state and its coordinator looks again).
+* Commands are what a driver asks the executor to do, one I/O each: a registry call (under an
+  idempotency key derived from the driver's state, never from a clock or a uuid, so a retry is the
+  same call and a late reply lands on a "late" row), an engine call, arming or disarming a timer (the
+  driver holds no clock), and `Report` (tell the caller how the work ended; the driver may go on, e.g.
+  resolving a commit whose outcome it reported as unknown).
+* Shape: a coordinator per piece of work and one sub-machine per engine (`*_ENGINE`); an input naming
+  an engine steps that engine's sub-machine, and when the sub-machine reaches a terminal state its
+  coordinator is stepped with `Settled`, whose rows decide whether the whole work is done.
+
+Reading a row: when an input of kind `input` reaches a driver of `machine` whose phase is one of
+`sources`, the rows for that (machine, phase, input) are tried top to bottom; the first whose `guards`
+all hold fires: the phase becomes `target` (SAME: unchanged), the named `commands` are built from the
+state and the input, and `report` (if any) is the outcome told to the caller. A row whose `target` is
+SAME and that has no commands and no report changes nothing: the answer to a late, duplicated or stale
+input. Only such rows may use the wildcard source. A (phase, input) pair that no row covers is a bug in
+the executor and raises the one `ProtocolError`.
+
+What "unknown" means here (RFC §3.4, DESIGN.md §1): a call whose outcome is unknown keeps the resource
+and the capacity. A commit that may have landed is never aborted; an abort whose reply is lost or that
+was refused cleans nothing; a claim whose reply is lost reclaims nothing. The model checker
+(`model_checks/drivers.py`) runs these very rows against the real registry and engine tables.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+import attrs
+
+from versioned_lora.spec.states import SAME, WILDCARD
+
+
+class Driver(StrEnum):
+    SETTLE = "settle"  # a staged publication's end game: commit and its resolution, or abort and cleanup
+    CLEANUP_ENGINE = "cleanup_engine"  # one engine's cleanup of an aborted attempt, and its report
+    RECLAIM = "reclaim"  # one reclaim: claim, then every engine the claim names
+    RECLAIM_ENGINE = "reclaim_engine"  # one engine's unload under the reclaim id, and its confirm
+
+
+class Input(StrEnum):
+    START = "Start"
+    ANSWER = "Answer"
+    REFUSAL = "Refusal"
+    LOST = "Lost"
+    DEADLINE = "Deadline"
+    CANCEL = "Cancel"
+    SETTLED = "Settled"
+
+
+class DriverOutcome(StrEnum):
+    """What a driver reports to its caller (the runtime maps these onto its public outcome enums)."""
+
+    COMMITTED = "COMMITTED"
+    FAILED_CLEAN = "FAILED_CLEAN"  # aborted, and every engine's cleanup recorded: the slot is free
+    UNKNOWN = "UNKNOWN"  # an outcome that may have landed without its answer: resource and capacity kept
+    RECLAIMED = "RECLAIMED"
+    PENDING = "PENDING"  # claimed; some engine has not confirmed (reclaim again to finish)
+    REJECTED = "REJECTED"  # certainly refused before anything changed
+
+
+PHASES: dict[Driver, tuple[str, ...]] = {
+    # COMMIT_UNRESOLVED: the commit's outcome was reported unknown; the same commit is retried until answered.
+    Driver.SETTLE: ("IDLE", "COMMITTING", "COMMIT_UNRESOLVED", "ABORTING", "CLEANING", "DONE"),
+    Driver.CLEANUP_ENGINE: ("CLEANING", "WAITING_IDLE", "RECORDING", "RECORDING_UNKNOWN", "CLEANED", "UNCONFIRMED"),
+    Driver.RECLAIM: ("IDLE", "CLAIMING", "RECLAIMING", "DONE"),
+    Driver.RECLAIM_ENGINE: ("UNLOADING", "CONFIRMING", "CONFIRMED", "UNCONFIRMED"),
+}
+# The phases in which a sub-machine is finished with its engine (its coordinator is told `Settled`).
+TERMINAL: dict[Driver, frozenset[str]] = {
+    Driver.SETTLE: frozenset({"DONE"}),
+    Driver.CLEANUP_ENGINE: frozenset({"CLEANED", "UNCONFIRMED"}),
+    Driver.RECLAIM: frozenset({"DONE"}),
+    Driver.RECLAIM_ENGINE: frozenset({"CONFIRMED", "UNCONFIRMED"}),
+}
+# The inputs each machine can receive: every (phase, input) pair of these is covered by a row.
+INPUTS: dict[Driver, tuple[Input, ...]] = {
+    Driver.SETTLE: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL,
+                    Input.SETTLED),
+    Driver.CLEANUP_ENGINE: (Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE),
+    Driver.RECLAIM: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL,
+                     Input.SETTLED),
+    Driver.RECLAIM_ENGINE: (Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE),
+}
+
+
+@attrs.frozen
+class DriverRow:
+    id: str
+    machine: Driver
+    sources: tuple[str, ...]
+    input: Input
+    target: str
+    guards: tuple[str, ...] = ()
+    commands: tuple[str, ...] = ()
+    report: DriverOutcome | None = None
+    doc: str = ""
+
+    @property
+    def changes_state(self) -> bool:
+        return self.target != SAME or bool(self.commands) or self.report is not None
+
+    def expanded_sources(self) -> tuple[str, ...]:
+        return PHASES[self.machine] if self.sources == (WILDCARD,) else self.sources
+
+
+def row(id: str, machine: Driver, sources: str, input: Input, target: str, *, guards: tuple[str, ...] = (),
+        commands: tuple[str, ...] = (), report: DriverOutcome | None = None, doc: str = "") -> DriverRow:
+    return DriverRow(id, machine, tuple(sources.split()), input, target, guards, commands, report, doc)
+
+
+def late(id: str, machine: Driver, sources: str, input: Input, doc: str = "") -> DriverRow:
+    """A row that changes nothing: the answer to a late, duplicated or stale input."""
+    return DriverRow(id, machine, tuple(sources.split()), input, SAME, doc=doc)
+
+
+SE, CE, RC, RE = Driver.SETTLE, Driver.CLEANUP_ENGINE, Driver.RECLAIM, Driver.RECLAIM_ENGINE
+I = Input  # noqa: E741 - the table reads better with a one-letter namespace
+O = DriverOutcome  # noqa: E741
+
+# fmt: off
+DRIVER_ROWS: tuple[DriverRow, ...] = (
+    # ================================================================ settle: commit
+    row("settle.commit", SE, "IDLE", I.START, "COMMITTING", guards=("wants_commit",),
+        commands=("submit_commit", "arm_commit"),
+        doc="Commit under a key derived from the attempt and the revision it expects."),
+    row("settle.abort", SE, "IDLE", I.START, "ABORTING", commands=("submit_abort", "arm_commit"),
+        doc="Staging failed before any commit was sent: the attempt is certainly not committed."),
+    row("commit.committed", SE, "COMMITTING COMMIT_UNRESOLVED", I.ANSWER, "DONE", guards=("answers_commit",),
+        commands=("disarm",), report=O.COMMITTED),
+    row("commit.refused", SE, "COMMITTING COMMIT_UNRESOLVED", I.REFUSAL, "ABORTING", guards=("answers_commit",),
+        commands=("disarm", "submit_abort", "arm_commit"),
+        doc="A certain refusal (not ready everywhere, revision moved): the commit did not land; abort."),
+    row("commit.lost", SE, "COMMITTING COMMIT_UNRESOLVED", I.LOST, SAME, guards=("answers_commit",),
+        commands=("submit_commit",),
+        doc="The commit may have landed: the same key again, answered from the journal if it did."),
+    row("commit.deadline", SE, "COMMITTING", I.DEADLINE, "COMMIT_UNRESOLVED", guards=("commit_timer",),
+        report=O.UNKNOWN,
+        doc="Never an abort: the outcome is unknown, reported so; the call in flight resolves it "
+            "(RFC §3.4: 结果没确认前不清理 B，也不开始下一次 publication)."),
+    row("commit.cancel", SE, "COMMITTING", I.CANCEL, "COMMIT_UNRESOLVED", report=O.UNKNOWN,
+        doc="The caller's cancellation ends its wait, never the commit."),
+    late("commit.cancel_unresolved", SE, "COMMIT_UNRESOLVED", I.CANCEL),
+    late("commit.late_timer", SE, "COMMIT_UNRESOLVED", I.DEADLINE,
+         doc="A deadline past the unknown outcome changes nothing: the retry goes on until answered."),
+    # ================================================================ settle: abort and cleanup
+    row("abort.cleanup", SE, "ABORTING", I.ANSWER, "CLEANING", guards=("answers_abort", "names_cleanups"),
+        commands=("disarm", "start_cleanups"),
+        doc="Clean exactly the engines the abort's answer names, with the capability it signed."),
+    row("abort.already_clean", SE, "ABORTING", I.ANSWER, "DONE", guards=("answers_abort", "abort_says_clean"),
+        commands=("disarm",), report=O.FAILED_CLEAN,
+        doc="A replayed abort of an attempt already clean (abort.replay_clean): nothing is left."),
+    row("abort.nothing_named", SE, "ABORTING", I.ANSWER, "DONE", guards=("answers_abort",), commands=("disarm",),
+        report=O.UNKNOWN, doc="Aborted, no cleanup named and not yet clean: what is left is for `recover`."),
+    row("abort.refused", SE, "ABORTING", I.REFUSAL, "DONE", guards=("answers_abort",), commands=("disarm",),
+        report=O.UNKNOWN,
+        doc="E.g. abort.after_commit: the commit landed and its reply was lost. Nothing is cleaned."),
+    row("abort.lost", SE, "ABORTING", I.LOST, SAME, guards=("answers_abort",), commands=("submit_abort",),
+        doc="The abort may have landed: the same key again."),
+    row("abort.deadline", SE, "ABORTING", I.DEADLINE, "DONE", guards=("commit_timer",), report=O.UNKNOWN,
+        doc="No answer in time: nothing is cleaned on the strength of an abort that may not have landed."),
+    row("abort.cancel", SE, "ABORTING CLEANING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="What was not confirmed stays CLEANING in the registry (capacity kept); `recover` finishes it."),
+    row("cleaning.all_clean", SE, "CLEANING", I.SETTLED, "DONE", guards=("cleanups_settled", "capacity_freed"),
+        report=O.FAILED_CLEAN, doc="Every engine's cleanup recorded and the registry freed the slot."),
+    row("cleaning.unconfirmed", SE, "CLEANING", I.SETTLED, "DONE", guards=("cleanups_settled",),
+        report=O.UNKNOWN, doc="Some engine did not confirm its cleanup: the slot stays taken."),
+    late("cleaning.waiting", SE, "CLEANING", I.SETTLED, doc="Other engines are still cleaning."),
+    late("settle.late_reply", SE, "IDLE ABORTING CLEANING DONE", I.ANSWER,
+         doc="A reply to a call this phase no longer waits for (a commit answered after the abort, a "
+             "duplicate)."),
+    late("settle.late_refusal", SE, "IDLE ABORTING CLEANING DONE", I.REFUSAL),
+    late("settle.late_lost", SE, "IDLE ABORTING CLEANING DONE", I.LOST),
+    late("settle.late_timer", SE, "IDLE COMMITTING ABORTING CLEANING DONE", I.DEADLINE,
+         doc="A timer disarmed too late to stop it, or armed by an earlier phase."),
+    late("settle.late_cancel", SE, "IDLE DONE", I.CANCEL),
+    late("settle.late_settled", SE, "IDLE COMMITTING COMMIT_UNRESOLVED ABORTING DONE", I.SETTLED),
+    late("settle.start_again", SE, "COMMITTING COMMIT_UNRESOLVED ABORTING CLEANING DONE", I.START,
+         doc="One settle per attempt; a second start is a duplicate."),
+    late("commit.reply_to_other", SE, "COMMITTING COMMIT_UNRESOLVED", I.ANSWER,
+         doc="An answer to another call (a late abort reply of an earlier attempt)."),
+    late("commit.refusal_to_other", SE, "COMMITTING COMMIT_UNRESOLVED", I.REFUSAL),
+    late("commit.lost_other", SE, "COMMITTING COMMIT_UNRESOLVED", I.LOST),
+    late("abort.reply_to_other", SE, "ABORTING", I.ANSWER),
+    late("abort.refusal_to_other", SE, "ABORTING", I.REFUSAL),
+    late("abort.lost_other", SE, "ABORTING", I.LOST),
+    late("abort.other_timer", SE, "ABORTING", I.DEADLINE),
+    # ================================================================ cleanup x engine
+    row("clean.done", CE, "CLEANING", I.ANSWER, "RECORDING", guards=("answers_engine_cleanup",),
+        commands=("disarm_engine", "submit_cleaned", "arm_report"),
+        doc="Cleaned on the engine: record it (one key per attempt and engine)."),
+    row("clean.in_use", CE, "CLEANING", I.REFUSAL, "WAITING_IDLE", guards=("answers_engine_cleanup", "in_use"),
+        commands=("arm_backoff",),
+        doc="A loaded candidate a request still holds (its own probe): nothing is unloaded under a request; "
+            "ask again after a pause, within the cleanup deadline."),
+    row("clean.refused", CE, "CLEANING", I.REFUSAL, "RECORDING_UNKNOWN", guards=("answers_engine_cleanup",),
+        commands=("disarm_engine", "submit_unknown", "arm_report"),
+        doc="Refused for another reason: the engine's state is not what the registry thinks; record UNKNOWN."),
+    row("clean.lost", CE, "CLEANING", I.LOST, "RECORDING_UNKNOWN", guards=("answers_engine_cleanup",),
+        commands=("disarm_engine", "submit_unknown", "arm_report"),
+        doc="Unreachable: the cleanup may not have run; the placement stays CLEANING (capacity kept)."),
+    row("clean.retry", CE, "WAITING_IDLE", I.DEADLINE, "CLEANING", guards=("backoff_timer",),
+        commands=("send_cleanup",)),
+    row("clean.deadline", CE, "CLEANING WAITING_IDLE", I.DEADLINE, "RECORDING_UNKNOWN", guards=("engine_timer",),
+        commands=("submit_unknown", "arm_report"),
+        doc="The cleanup deadline: a call still in flight counts for nothing (its late answer lands on a late "
+            "row); the placement is recorded UNKNOWN and stays CLEANING in the registry (capacity kept)."),
+    row("cleaned.recorded", CE, "RECORDING", I.ANSWER, "CLEANED", guards=("answers_cleaned",),
+        commands=("disarm_report", "note_capacity")),
+    row("cleaned.refused", CE, "RECORDING", I.REFUSAL, "UNCONFIRMED", guards=("answers_cleaned",),
+        commands=("disarm_report",), doc="A stale receipt (another attempt is live): the registry keeps what it has."),
+    row("cleaned.lost", CE, "RECORDING", I.LOST, SAME, guards=("answers_cleaned",), commands=("submit_cleaned",),
+        doc="The same key again: answered from the journal if it landed."),
+    row("cleaned.deadline", CE, "RECORDING", I.DEADLINE, "UNCONFIRMED", guards=("report_timer",),
+        doc="Not known to be recorded: unconfirmed (the registry may already be clean; `recover` finds out)."),
+    row("unknown.recorded", CE, "RECORDING_UNKNOWN", I.ANSWER, "UNCONFIRMED", guards=("answers_unknown",),
+        commands=("disarm_report",)),
+    row("unknown.refused", CE, "RECORDING_UNKNOWN", I.REFUSAL, "UNCONFIRMED", guards=("answers_unknown",),
+        commands=("disarm_report",)),
+    row("unknown.lost", CE, "RECORDING_UNKNOWN", I.LOST, SAME, guards=("answers_unknown",),
+        commands=("submit_unknown",)),
+    row("unknown.deadline", CE, "RECORDING_UNKNOWN", I.DEADLINE, "UNCONFIRMED", guards=("report_timer",)),
+    late("clean.late_reply", CE, "*", I.ANSWER, doc="A reply to a call this phase does not wait for."),
+    late("clean.late_refusal", CE, "*", I.REFUSAL),
+    late("clean.late_lost", CE, "*", I.LOST),
+    late("clean.late_timer", CE, "*", I.DEADLINE),
+    # ================================================================ reclaim
+    row("reclaim.start", RC, "IDLE", I.START, "CLAIMING", commands=("submit_claim", "arm_claim"),
+        doc="One key per version: a retried reclaim is the same claim, answered from the journal."),
+    row("claim.engines", RC, "CLAIMING", I.ANSWER, "RECLAIMING", guards=("answers_claim", "names_reclaims"),
+        commands=("disarm", "start_reclaims"),
+        doc="Reclaim on exactly the engines the claim's answer names, with the capability it signed."),
+    row("claim.already_done", RC, "CLAIMING", I.ANSWER, "DONE", guards=("answers_claim", "claim_says_reclaimed"),
+        commands=("disarm",), report=O.RECLAIMED, doc="claim.replay_done: every engine confirmed before."),
+    row("claim.nothing_named", RC, "CLAIMING", I.ANSWER, "DONE", guards=("answers_claim",), commands=("disarm",),
+        report=O.PENDING, doc="claim.replay with every engine confirmed but the last receipt not yet in."),
+    row("claim.refused", RC, "CLAIMING", I.REFUSAL, "DONE", guards=("answers_claim",), commands=("disarm",),
+        report=O.REJECTED, doc="E.g. claim.in_use: nothing was unloaded."),
+    row("claim.lost", RC, "CLAIMING", I.LOST, SAME, guards=("answers_claim",), commands=("submit_claim",)),
+    row("claim.deadline", RC, "CLAIMING", I.DEADLINE, "DONE", guards=("claim_timer",), report=O.UNKNOWN,
+        doc="The claim may have landed: nothing is sent to any engine on the strength of it."),
+    row("claim.cancel", RC, "CLAIMING", I.CANCEL, "DONE", commands=("disarm",), report=O.UNKNOWN),
+    row("reclaiming.all_confirmed", RC, "RECLAIMING", I.SETTLED, "DONE",
+        guards=("reclaims_settled", "registry_says_reclaimed"), report=O.RECLAIMED,
+        doc="The last confirm's answer says RECLAIMED: every engine unloaded, the slot is free."),
+    row("reclaiming.unconfirmed", RC, "RECLAIMING", I.SETTLED, "DONE", guards=("reclaims_settled",),
+        report=O.PENDING, doc="Some engine did not confirm: the slot stays taken; reclaim again."),
+    late("reclaiming.waiting", RC, "RECLAIMING", I.SETTLED),
+    row("reclaiming.cancel", RC, "RECLAIMING", I.CANCEL, "DONE", commands=("disarm_all",), report=O.PENDING),
+    late("reclaim.late_reply", RC, "IDLE RECLAIMING DONE", I.ANSWER),
+    late("reclaim.late_refusal", RC, "IDLE RECLAIMING DONE", I.REFUSAL),
+    late("reclaim.late_lost", RC, "IDLE RECLAIMING DONE", I.LOST),
+    late("reclaim.late_timer", RC, "IDLE RECLAIMING DONE", I.DEADLINE),
+    late("reclaim.late_cancel", RC, "IDLE DONE", I.CANCEL),
+    late("reclaim.late_settled", RC, "IDLE CLAIMING DONE", I.SETTLED),
+    late("reclaim.start_again", RC, "CLAIMING RECLAIMING DONE", I.START),
+    late("claim.reply_to_other", RC, "CLAIMING", I.ANSWER),
+    late("claim.refusal_to_other", RC, "CLAIMING", I.REFUSAL),
+    late("claim.lost_other", RC, "CLAIMING", I.LOST),
+    late("claim.other_timer", RC, "CLAIMING", I.DEADLINE),
+    # ================================================================ reclaim x engine
+    row("unload.done", RE, "UNLOADING", I.ANSWER, "CONFIRMING", guards=("answers_engine_reclaim", "unloaded"),
+        commands=("submit_confirm",), doc="UNLOADED on the engine: confirm under this reclaim id."),
+    row("unload.draining", RE, "UNLOADING", I.ANSWER, SAME, guards=("answers_engine_reclaim",),
+        commands=("send_reclaim",),
+        doc="Unregistered, still draining SGLang's refcount: ask again (idempotent per reclaim id)."),
+    row("unload.refused", RE, "UNLOADING", I.REFUSAL, "UNCONFIRMED", guards=("answers_engine_reclaim",),
+        commands=("disarm_engine",), doc="E.g. a forged or stale reclaim id: nothing was unloaded."),
+    row("unload.lost", RE, "UNLOADING", I.LOST, SAME, guards=("answers_engine_reclaim",), commands=("send_reclaim",),
+        doc="Unreachable (restarting?): ask again under the same reclaim id until the deadline."),
+    row("unload.deadline", RE, "UNLOADING CONFIRMING", I.DEADLINE, "UNCONFIRMED", guards=("engine_timer",),
+        doc="The engine stays unconfirmed, the slot stays taken; the next reclaim asks again."),
+    row("confirm.done", RE, "CONFIRMING", I.ANSWER, "CONFIRMED", guards=("answers_confirm",),
+        commands=("disarm_engine", "note_reclaimed")),
+    row("confirm.refused", RE, "CONFIRMING", I.REFUSAL, "UNCONFIRMED", guards=("answers_confirm",),
+        commands=("disarm_engine",)),
+    row("confirm.lost", RE, "CONFIRMING", I.LOST, SAME, guards=("answers_confirm",), commands=("submit_confirm",),
+        doc="The same confirm key again: answered from the journal if it landed."),
+    late("unload.late_reply", RE, "*", I.ANSWER),
+    late("unload.late_refusal", RE, "*", I.REFUSAL),
+    late("unload.late_lost", RE, "*", I.LOST),
+    late("unload.late_timer", RE, "*", I.DEADLINE),
+)
+# fmt: on
+
+DRIVER_ROWS_BY_ID: dict[str, DriverRow] = {r.id: r for r in DRIVER_ROWS}
+
+
+def driver_rows_for(machine: Driver, rows: tuple[DriverRow, ...] = DRIVER_ROWS) -> tuple[DriverRow, ...]:
+    return tuple(r for r in rows if r.machine is machine)
+
+
+def uncovered_driver_pairs(rows: tuple[DriverRow, ...] = DRIVER_ROWS) -> tuple[tuple[Driver, str, Input], ...]:
+    """(machine, phase, input) pairs no row covers: reaching one raises the ProtocolError."""
+    covered = {(r.machine, s, r.input) for r in rows for s in r.expanded_sources()}
+    return tuple((m, p, i) for m in Driver for p in PHASES[m] for i in INPUTS[m] if (m, p, i) not in covered)
