@@ -110,7 +110,7 @@ def test_a_refused_abort_cleans_nothing() -> None:
 def test_an_abort_cleans_exactly_what_its_answer_names() -> None:
     order = CleanupOnEngine("E1", B, "relax_policy_lora@0-B-x", "t")
     answer = Answer(Call("abort"), Reply(Aborted(B, "t", VersionState.ABORTED), (order,), ("cap-E1",)))
-    state, fired, commands = _run(settle(B, "t", -1, commit=False), Start(), answer)
+    state, _fired, commands = _run(settle(B, "t", -1, commit=False), Start(), answer)
     cleanups = [c for c in commands if type(c).__name__ == "CleanupEngine"]
     assert [(c.engine, c.lora_name, c.capability) for c in cleanups] == [("E1", order.lora_name, "cap-E1")]
     freed = Answer(Call("cleaned", "E1"), Reply(Recorded(B, "E1", PlacementState.CLEANED), (CapacityFreed(B),)))
@@ -120,7 +120,7 @@ def test_an_abort_cleans_exactly_what_its_answer_names() -> None:
 
 
 def test_a_lost_claim_reclaims_nothing() -> None:
-    state, fired, commands = _run(reclaim(B), Start(), Lost(Call("claim")), Deadline(Timer("claim")))
+    _state, fired, commands = _run(reclaim(B), Start(), Lost(Call("claim")), Deadline(Timer("claim")))
     assert fired == ["reclaim.start", "claim.lost", "claim.deadline"]
     assert not [c for c in commands if type(c).__name__ == "ReclaimEngine"]
     assert commands[-1] == Report(DriverOutcome.UNKNOWN)
