@@ -13,6 +13,7 @@ state after the last durable call, and a retried key is answered from the journa
 from __future__ import annotations
 
 import asyncio
+import functools
 import gc
 import os
 import pickle
@@ -27,6 +28,7 @@ import attrs
 
 from versioned_lora import capabilities
 from versioned_lora.adapters.journal import CheckpointWriter, Journal, state_digest
+from versioned_lora.adapters.registry_metrics import OPEN_SESSION_STATES, RegistryMetrics, ray_metric
 from versioned_lora.lifecycle import (
     RegistryEffect,
     RegistryEvent,
@@ -48,6 +50,7 @@ from versioned_lora.runtime.interfaces import (
 )
 from versioned_lora.runtime.views import DispatchView, PublicationView, dispatch_view, publication_view
 from versioned_lora.spec.identities import check_version_identity
+from versioned_lora.spec.model import occupied_slots
 
 REGISTRY_ACTOR_NAME = "versioned_lora_registry"
 REGISTRY_NAMESPACE = "versioned_lora"
@@ -59,6 +62,18 @@ DEFAULT_ANSWER_CACHE = 4096  # recent calls answered from memory; older retried 
 
 def new_key(prefix: str = "call") -> str:
     return f"{prefix}:{uuid.uuid4().hex}"
+
+
+@attrs.frozen
+class OperationsView:
+    """What an operator needs beside `PublicationView` (which the runtime's view module defines): the
+    capacity, the slots held, each claimed version's engines that confirmed their unload, open sessions."""
+
+    epoch: int
+    capacity: int
+    occupied: int
+    reclaim_confirmed: dict[VersionKey, tuple[str, ...]]
+    open_sessions: int
 
 
 @attrs.frozen
@@ -228,6 +243,14 @@ class RegistryCore:
     def state_digest(self) -> str:
         return state_digest(self._state)
 
+    def operations_view(self) -> OperationsView:
+        state = self._state
+        return OperationsView(
+            state.config.epoch, state.config.capacity, occupied_slots(state),
+            {key: tuple(sorted(v.reclaim_confirmed)) for key, v in state.versions.items() if v.reclaim_id is not None},
+            sum(1 for s in state.sessions.values() if s.state in OPEN_SESSION_STATES),
+        )
+
     @property
     def journal_format(self) -> int:
         return self._journal.format
@@ -302,6 +325,9 @@ class LocalRegistry:
     async def publication_view(self) -> PublicationView:
         return self.core.publication_view()
 
+    async def operations_view(self) -> OperationsView:
+        return self.core.operations_view()
+
 
 # ---- Ray ---------------------------------------------------------------------------------------------------------
 
@@ -324,9 +350,21 @@ class RegistryActor(RegistryCore):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        import ray
+
+        name = ray.get_runtime_context().get_actor_name() or "unnamed"
+        self._metrics = RegistryMetrics(functools.partial(ray_metric, registry=name))
+        self._metrics.set_gauges(self._state)
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, self.FULL_COLLECTION_AFTER)
         gc.freeze()
+
+    def submit_batch(self, key: str, events: Sequence[RegistryEvent]) -> tuple[RegistryAnswer, ...]:
+        """RegistryCore.submit_batch, observed by the metrics (registry_metrics.py) once it answered."""
+        before, started = self._state, time.perf_counter()
+        answers = super().submit_batch(key, events)
+        self._metrics.observe(before, self._state, tuple(events), answers, time.perf_counter() - started)
+        return answers
 
     def _after_checkpoint(self) -> None:
         gc.freeze()
@@ -441,6 +479,10 @@ class RayRegistry:
         view: PublicationView = await self._call(lambda: self.handle.publication_view.remote())
         return view
 
+    async def operations_view(self) -> OperationsView:
+        view: OperationsView = await self._call(lambda: self.handle.operations_view.remote())
+        return view
+
     async def _call(self, make_ref: Any) -> Any:
         import ray
 
@@ -467,6 +509,7 @@ __all__ = [
     "REGISTRY_ACTOR_NAME",
     "REGISTRY_NAMESPACE",
     "LocalRegistry",
+    "OperationsView",
     "RayRegistry",
     "RecoveryReport",
     "RegistryCore",
