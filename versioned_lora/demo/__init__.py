@@ -24,6 +24,7 @@ from versioned_lora.demo.report import plot_timeline, summary_table, write_json
 from versioned_lora.demo.scenario import DemoRun
 from versioned_lora.demo.stack import Stack, ensure_ray, load_fixtures, new_token, start_engines
 from versioned_lora.demo.traffic import TrafficShape, percentile
+from versioned_lora.ops.status_render import blocking_table, engines_table, versions_table
 
 __all__ = ["add_arguments", "run_demo"]
 
@@ -183,4 +184,7 @@ def _live_view(demo: DemoRun) -> Any:
     sample = demo.sampler.samples[-1] if demo.sampler.samples else None
     held = (f"default {sample.default}; versions held {sample.managed} (engines {list(sample.engine_managed)}); "
             f"states {sample.states}; session refs {sample.refs}") if sample else "registry: -"
-    return Group(steps, traffic, held)
+    rows = demo.sampler.rows
+    if rows is None:
+        return Group(steps, traffic, held)
+    return Group(steps, traffic, versions_table(rows), engines_table(rows), blocking_table(rows))

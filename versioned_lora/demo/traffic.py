@@ -22,7 +22,8 @@ from typing import Any
 
 import attrs
 
-from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.adapters.sglang_client import SGLangClient, UnknownOutcome
+from versioned_lora.ops.status_view import held_per_engine, read_engine, status_rows
 from versioned_lora.runtime.agentic_driver import AgenticDriver, SessionScript, SessionTranscript
 from versioned_lora.runtime.interfaces import (
     BackendFailure,
@@ -207,6 +208,7 @@ class RegistrySampler:
         self.period_s = period_s
         self.clock = clock
         self.samples: list[RegistrySample] = []
+        self.rows: dict[str, Any] | None = None  # the last sample's status rows
         self._task: asyncio.Task[None] | None = None
 
     def start(self) -> None:
@@ -220,19 +222,24 @@ class RegistrySampler:
         await self.sample()
 
     async def sample(self) -> RegistrySample:
+        # The rows `versioned-lora status` shows (ops/status_view.py): one place turns registry and engine
+        # state into what is displayed; the live view renders the same rows.
         view = await self.registry.publication_view()  # type: ignore[attr-defined]
-        held = []
-        for client in self.clients:
-            status = await client.status()
-            held.append(sum(1 for a in status["managed"] if a["state"] in ("READY", "STAGING", "DRAINING",
-                                                                            "UNREGISTERED")))
+        ops = await self.registry.operations_view()  # type: ignore[attr-defined]
+        readings = [await read_engine(name, client) for name, client in zip(view.engines, self.clients, strict=False)]
+        unreachable = [r.error for r in readings if r.status is None]
+        if unreachable:
+            raise UnknownOutcome(f"engine status unreadable: {unreachable}")
+        rows = status_rows(view, ops, readings)
+        self.rows = rows
+        default = rows["registry"]["default"]
         sample = RegistrySample(
             self.clock(),
-            self.label_of(view.versions[view.default].lora_name) if view.default in view.versions else None,
-            view.managed_count(),
-            {self.label_of(v.lora_name): str(v.state) for v in view.versions.values()},
-            {self.label_of(v.lora_name): v.session_refs for v in view.versions.values()},
-            tuple(held),
+            self.label_of(default["lora_name"]) if default else None,
+            rows["registry"]["capacity"]["used"],
+            {self.label_of(v["lora_name"]): v["state"] for v in rows["versions"]},
+            {self.label_of(v["lora_name"]): v["session_refs"] for v in rows["versions"]},
+            held_per_engine(rows),
         )
         self.samples.append(sample)
         return sample

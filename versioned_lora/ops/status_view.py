@@ -1,0 +1,193 @@
+"""The one place that turns the registry's state and each engine's `/versioned_lora/status` into rows.
+
+`status_rows` is pure: a `PublicationView` and an `OperationsView` from the registry actor, and each
+engine's raw status payload (or why it could not be read), in; plain JSON-able rows out. `versioned-lora
+status` prints them (a rich table, or `--json`), and the demo's live view reads the same rows.
+
+`blocking` lists what stops the next publication (or a reclaim) from going through, each with the command
+that settles it; docs/runbook.md says what each kind means.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import attrs
+
+from versioned_lora.adapters.ray_registry import OperationsView
+from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient, UnknownOutcome
+from versioned_lora.runtime.views import PublicationView, VersionView
+from versioned_lora.spec.states import PlacementState, VersionState
+
+DIGEST_PREFIX = 12  # as in the managed name (spec/identities.py)
+# Engine-side states in which an engine still holds a managed adapter's memory.
+HELD_ADAPTER_STATES = ("READY", "STAGING", "DRAINING", "UNREGISTERED")
+
+
+class BlockingKind:
+    """What `blocking` entries name (docs/runbook.md has one section per kind)."""
+
+    PUBLICATION_IN_FLIGHT = "PUBLICATION_IN_FLIGHT"  # LOADING, not READY everywhere
+    READY_UNCOMMITTED = "READY_UNCOMMITTED"  # LOADING and READY everywhere: a commit is due or its reply was lost
+    OUTCOME_UNKNOWN = "OUTCOME_UNKNOWN"  # a placement whose outcome could not be confirmed
+    CLEANUP_PENDING = "CLEANUP_PENDING"  # ABORTED: some engine has not confirmed its cleanup
+    RECLAIM_PENDING = "RECLAIM_PENDING"  # RECLAIMING: some engine has not confirmed its unload
+    CAPACITY_FULL = "CAPACITY_FULL"  # every slot held: the next reserve is refused with CAPACITY_ERROR
+    ENGINE_UNREACHABLE = "ENGINE_UNREACHABLE"  # its status could not be read
+    INCARNATION_MISMATCH = "INCARNATION_MISMATCH"  # the engine restarted; the registry has not been told
+
+
+@attrs.frozen
+class EngineReading:
+    """One engine's raw status payload, or why it could not be read."""
+
+    name: str
+    url: str
+    status: Mapping[str, Any] | None
+    error: str | None = None
+
+
+def _version_row(version: VersionView, default: Any, confirmed: Sequence[str]) -> dict[str, Any]:
+    return {
+        "version_id": version.key.version_id,
+        "epoch": version.key.epoch,
+        "lora_name": version.lora_name,
+        "digest_prefix": version.digest[:DIGEST_PREFIX],
+        "state": str(version.state),
+        "default": version.key == default,
+        "session_refs": version.session_refs,
+        "attempt_token": version.attempt_token,
+        "reclaim_id": version.reclaim_id,
+        "reclaim_confirmed": list(confirmed),
+        "placements": {engine: {"state": str(p.state), "incarnation": p.incarnation, "attempt_token": p.attempt_token}
+                       for engine, p in sorted(version.placements.items())},
+    }
+
+
+def _engine_row(reading: EngineReading, registry_incarnation: int | None) -> dict[str, Any]:
+    status = reading.status
+    if status is None:
+        return {"name": reading.name, "url": reading.url, "reachable": False, "error": reading.error,
+                "incarnation": None, "registry_incarnation": registry_incarnation, "pid": None, "adapters": []}
+    managed = {a["name"]: a for a in status.get("managed", [])}
+    native = {a["name"]: a for a in status.get("adapters", [])}
+    adapters = []
+    for name in sorted(native.keys() | managed.keys()):
+        stock, mine = native.get(name), managed.get(name)
+        adapters.append({
+            "name": name,
+            "lora_id": stock["lora_id"] if stock else (mine or {}).get("lora_id"),
+            "pinned": bool(stock["pinned"]) if stock else bool((mine or {}).get("pinned")),
+            "native_refcount": (stock.get("refcount") if stock else (mine or {}).get("native_refcount")),
+            "managed_state": mine["state"] if mine else None,
+        })
+    return {"name": reading.name, "url": reading.url, "reachable": True, "error": None,
+            "incarnation": status.get("incarnation"), "registry_incarnation": registry_incarnation,
+            "pid": status.get("pid"), "adapters": adapters}
+
+
+def _blocking(view: PublicationView, ops: OperationsView, engines: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+
+    def block(kind: str, detail: str, run: str, version: str | None = None, engine: str | None = None) -> None:
+        found.append({"kind": kind, "version": version, "engine": engine, "detail": detail, "run": run})
+
+    for key, version in sorted(view.versions.items()):
+        vid = key.version_id
+        unknown = sorted(e for e, p in version.placements.items() if p.state is PlacementState.UNKNOWN)
+        for engine in unknown:
+            block(BlockingKind.OUTCOME_UNKNOWN, f"{vid} on {engine}: an outcome there could not be confirmed; "
+                  "the slot stays taken", "versioned-lora resolve", vid, engine)
+        if version.state is VersionState.LOADING:
+            not_ready = sorted(e for e, p in version.placements.items() if p.state is not PlacementState.READY)
+            if not_ready:
+                block(BlockingKind.PUBLICATION_IN_FLIGHT, f"{vid} is being staged (not READY on "
+                      f"{', '.join(not_ready)}); if its publisher is gone, resolve aborts and cleans it",
+                      "versioned-lora resolve", vid)
+            else:
+                block(BlockingKind.READY_UNCOMMITTED, f"{vid} is READY everywhere but not committed (a commit due, "
+                      "or its reply lost)", "versioned-lora resolve", vid)
+        elif version.state is VersionState.ABORTED:
+            pending = sorted(e for e, p in version.placements.items()
+                             if p.state not in (PlacementState.CLEANED, PlacementState.ABSENT))
+            block(BlockingKind.CLEANUP_PENDING, f"{vid} was aborted; cleanup not confirmed by "
+                  f"{', '.join(pending) or 'the registry'}", "versioned-lora resolve", vid)
+        elif version.state is VersionState.RECLAIMING:
+            confirmed = set(ops.reclaim_confirmed.get(key, ()))
+            missing = [e for e in view.engines if e not in confirmed]
+            block(BlockingKind.RECLAIM_PENDING, f"{vid} is claimed (reclaim {version.reclaim_id}); unload not "
+                  f"confirmed by {', '.join(missing)}", f"versioned-lora reclaim --version {vid}", vid)
+    if ops.occupied >= ops.capacity:
+        eligible = sorted(k.version_id for k, v in view.versions.items()
+                          if v.state is VersionState.RETIRED and v.session_refs == 0)
+        hint = (f"retired with no session refs: {', '.join(eligible)}" if eligible
+                else "no retired version is free of sessions yet")
+        block(BlockingKind.CAPACITY_FULL, f"{ops.occupied}/{ops.capacity} slots held; the next reserve is refused "
+              f"with CAPACITY_ERROR ({hint})", "versioned-lora reclaim", None)
+    for engine in engines:
+        if not engine["reachable"]:
+            block(BlockingKind.ENGINE_UNREACHABLE, f"{engine['name']} ({engine['url']}): {engine['error']}",
+                  "check the engine process and its log", None, engine["name"])
+        elif engine["registry_incarnation"] is not None and engine["incarnation"] != engine["registry_incarnation"]:
+            block(BlockingKind.INCARNATION_MISMATCH, f"{engine['name']} runs incarnation {engine['incarnation']}, "
+                  f"the registry knows {engine['registry_incarnation']}", "versioned-lora resolve", None,
+                  engine["name"])
+    return found
+
+
+def status_rows(view: PublicationView, ops: OperationsView, readings: Sequence[EngineReading]) -> dict[str, Any]:
+    """Every row `versioned-lora status` shows, as plain JSON-able values."""
+    default = view.versions.get(view.default) if view.default is not None else None
+    versions = [_version_row(v, view.default, ops.reclaim_confirmed.get(k, ()))
+                for k, v in sorted(view.versions.items())]
+    engines = [_engine_row(r, view.incarnations.get(r.name)) for r in readings]
+    reclaims = [
+        {"version_id": v["version_id"], "reclaim_id": v["reclaim_id"], "state": v["state"],
+         "engines": {e: {"confirmed": e in v["reclaim_confirmed"],
+                         "managed_state": _managed_state(engines, e, v["lora_name"])} for e in view.engines}}
+        for v in versions if v["state"] == VersionState.RECLAIMING
+    ]
+    return {
+        "registry": {
+            "epoch": ops.epoch,
+            "default": None if default is None else {"version_id": default.key.version_id,
+                                                     "lora_name": default.lora_name},
+            "default_revision": view.default_revision,
+            "capacity": {"used": ops.occupied, "total": ops.capacity},
+            "open_sessions": ops.open_sessions,
+            "engines": list(view.engines),
+            "incarnations": dict(sorted(view.incarnations.items())),
+        },
+        "versions": versions,
+        "reclaims": reclaims,
+        "engines": engines,
+        "blocking": _blocking(view, ops, engines),
+    }
+
+
+def _managed_state(engines: Sequence[dict[str, Any]], name: str, lora_name: str) -> str | None:
+    for engine in engines:
+        if engine["name"] == name:
+            return next((a["managed_state"] for a in engine["adapters"] if a["name"] == lora_name), None)
+    return None
+
+
+async def read_engine(name: str, client: SGLangClient) -> EngineReading:
+    try:
+        return EngineReading(name, client.base_url, await client.status())
+    except (UnknownOutcome, EngineHTTPError, ValueError) as exc:
+        return EngineReading(name, client.base_url, None, f"{type(exc).__name__}: {exc}"[:300])
+
+
+async def gather_status(registry: Any, clients: Mapping[str, SGLangClient]) -> dict[str, Any]:
+    """Read the registry (`publication_view`, `operations_view`) and every engine, and build the rows."""
+    view = await registry.publication_view()
+    ops = await registry.operations_view()
+    readings = [await read_engine(name, client) for name, client in clients.items()]
+    return status_rows(view, ops, readings)
+
+
+def held_per_engine(rows: Mapping[str, Any]) -> tuple[int, ...]:
+    """Managed adapters each engine still holds memory for (the demo samples this)."""
+    return tuple(sum(1 for a in e["adapters"] if a["managed_state"] in HELD_ADAPTER_STATES) for e in rows["engines"])
