@@ -5,6 +5,8 @@
 - ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
   (``tiny``, the default, or ``qwen3-0.6b-shape``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
+- ``versioned-lora status | publish | reclaim | resolve | diagram``: operating a running deployment
+  (``versioned_lora/ops/commands.py``).
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ def _engine(args: argparse.Namespace) -> int:
             cpu=not args.gpu,
             log_path=log_path,
             env=env,
+            extra_args=("--enable-metrics",) if args.enable_metrics else (),
         )
     )
     # SIGTERM while starting: leave through an exception, so `start` stops the half-started server.
@@ -111,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--gpu", action="store_true", help="serve on CUDA (default: the CPU configuration)")
     engine.add_argument("--log", help="log file (default /tmp/versioned_lora_engine_<port>.log); a generated "
                         "token goes beside it, in <log>.token")
+    engine.add_argument("--enable-metrics", action="store_true", help="SGLang's Prometheus /metrics, with the "
+                        "managed patch's versioned_lora_engine_* series")
     engine.set_defaults(func=_engine)
 
     fixtures = sub.add_parser("fixtures", help="build a fixture Qwen3 and its adapters A, B, C")
@@ -123,6 +128,10 @@ def main(argv: list[str] | None = None) -> int:
 
     add_arguments(demo)
     demo.set_defaults(func=_demo)
+
+    from versioned_lora.ops.commands import add_commands
+
+    add_commands(sub)
 
     args = parser.parse_args(argv)
     return int(args.func(args))
