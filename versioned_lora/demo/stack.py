@@ -33,7 +33,7 @@ from versioned_lora.runtime.session_binder import SessionBinder
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.identities import lora_name
 
-ENGINE_NAMES = ("E0", "E1")
+ENGINE_NAMES = ("E0", "E1", "E2", "E3")  # a Stack names its first len(urls) engines by these
 PROBE_PROMPT = list(range(10, 30))  # the probe every `end` answers, checked against the reference forward
 BUCKET_BYTES = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets, so per-bucket phases show
 
