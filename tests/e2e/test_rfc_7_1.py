@@ -2,28 +2,50 @@
 SessionBinder with agentic traffic and two real engines. Every intermediate state a row names is asserted
 when it holds, not merely waited for.
 
-Rows here: 1 (B READY on E0 only, then both, commit), 2 (duplicate publication and content conflict), 3
-(single-engine failure, manifest error, lost commit ACK), 5 (bind/close and cancel/complete concurrency), 7
-(session refs 0 while the engine still holds a request) and 8 (capacity, repeated reclaim, late unload
-receipt). Every deadline of row 3 is `test_phase_deadlines.py`, every lost reply `test_unknown_outcomes.py`.
-Rows 4, 6 and 9 are still covered below the whole stack only (engine-level and runtime tests); see issue 18.
+Rows: 1 (B READY on E0 only, then both, commit), 2 (duplicate publication and content conflict), 3
+(single-engine failure, manifest error, lost commit ACK), 4 (cleanup first, late begin/READY/receive of the old
+attempt, duplicate receive), 5 (bind/close and cancel/complete concurrency), 6 (SGLang's native request
+refcount: r1 ends by 503, pre-dispatch 400, disconnect, abort or twice while r2 holds A), 7 (session refs 0
+while the engine still holds a request), 8 (capacity, repeated reclaim, late unload receipt) and 9 (missing
+exact version, bypass of management, the switch off). Every deadline of row 3 is `test_phase_deadlines.py`,
+every lost reply `test_unknown_outcomes.py`. Row 6 has no 500 ending: no request to the fixture text model
+makes SGLang 0.5.23 answer 500 on demand (its 500s are multimodal-input and out-of-memory-after-retraction
+aborts), so its 5xx ending is the 503 SGLang answers from inside the request path.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
-from engine_helpers import PROMPT, run, wait_until
-from test_publication_e2e import assert_matches_reference, deployed
+import pytest
+from deployment import unloads
+from engine_helpers import PROMPT, refcount, run, wait_until
+from test_publication_e2e import LOGPROB_TOLERANCE, assert_matches_reference, deployed
 
 from versioned_lora.adapters.engine_link import Candidate
-from versioned_lora.lifecycle import BindFirst, CloseAndRelease, ConfirmReclaim, OpenSession, Rejected
-from versioned_lora.runtime.interfaces import BackendFailure, BackendRequest
+from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
+from versioned_lora.adapters.sglang_backend import SGLangBackend
+from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
+from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
+from versioned_lora.lifecycle import (
+    BindFirst,
+    CloseAndRelease,
+    ConfirmReclaim,
+    OpenSession,
+    RecordPrepared,
+    RecordReady,
+    Rejected,
+    VersionKey,
+)
+from versioned_lora.runtime.dispatch_gate import VersionUnavailable
+from versioned_lora.runtime.interfaces import BackendFailure, BackendRequest, EngineRefused
 from versioned_lora.runtime.publisher import PublishStatus
 from versioned_lora.runtime.reclaimer import ReclaimStatus
 from versioned_lora.runtime.session_binder import LateResponseDropped
-from versioned_lora.spec.identities import lora_name
+from versioned_lora.spec.identities import LORA_NAME_PREFIX, lora_name
+from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import PlacementState, VersionState
 
 TOOL = [401, 402, 403]  # a tool turn's tokens between generations
@@ -141,8 +163,6 @@ def test_row_2_duplicate_publication_loads_nothing_again_and_other_content_is_al
 
 
 def _snapshot_of(d: Any, label: str) -> Any:
-    from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
-
     return snapshot_from_adapter_dir(d.fixtures.adapters[label])
 
 
@@ -210,6 +230,129 @@ class _Override:
         return self._methods[name] if name in self._methods else getattr(self._inner, name)
 
 
+class HeldAfter:
+    """Fault injection (timing): the wrapped staging port's `method` runs on the engine, then its answer is held
+    until the test opens the gate (the engine did the work; the publisher hears of it late)."""
+
+    def __init__(self, inner: Any, method: str, index: int | None = None) -> None:
+        self.inner, self.method, self.index = inner, method, index
+        self.opened = asyncio.Event()
+        self.waiting = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name != self.method:
+            return attribute
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            answer = await attribute(*args, **kwargs)
+            if self.index is None or args[-1] == self.index:
+                self.waiting.set()
+                await self.opened.wait()
+            return answer
+
+        return held
+
+
+async def _managed(client: Any, name: str) -> dict[str, Any] | None:
+    return next((m for m in (await client.status())["managed"] if m["name"] == name), None)
+
+
+def test_row_4_cleanup_first_then_late_begin_ready_and_receive_of_the_old_attempt_recreate_nothing(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed
+            session = d.binder.open("S_a@E0")
+            reference = await d.binder.generate(session, PROMPT, 4)
+
+            b_version, b = d.candidate("B")
+            last = b.bucket_count - 1
+            assert last >= 1
+            # E1's last bucket lands and its answer is held; then E1's end runs and its READY_LOCAL is held.
+            bucket_gate = HeldAfter(d.ports["E1"], "transfer_bucket", index=last)
+            end_gate = HeldAfter(bucket_gate, "end")
+            d.publisher.engines["E1"] = end_gate
+            publication = asyncio.create_task(d.publisher.publish(b_version, b))
+            await asyncio.wait_for(bucket_gate.waiting.wait(), 120)
+            token = (await d.registry.publication_view()).versions[b_version].attempt_token
+            e1 = d.clients["E1"]
+
+            # A duplicate receive of the live attempt (a retried request) answers from the stash: no collective.
+            status = await e1.status()
+            collectives = int(status["staging"]["collectives"])
+            link = await d.ports["E1"].link()
+            for index in (0, last):
+                again = await link.receive_bucket_again(b, token, index)
+                assert again["adapter"]["buckets_received"] == b.bucket_count
+            status = await e1.status()
+            assert int(status["staging"]["collectives"]) == collectives
+            stashes = status["staging"]["stashes"].values()
+            assert [sorted(s["received"]) for s in stashes] == [list(range(b.bucket_count))]
+
+            bucket_gate.opened.set()
+            await asyncio.wait_for(end_gate.waiting.wait(), 120)  # E1 answered READY_LOCAL; not reported yet
+
+            async def e0_ready() -> bool:
+                return await placement(d, b_version, "E0") is PlacementState.READY
+
+            await wait_until(e0_ready, timeout_s=120)  # E0's end is over: nothing of it races the cleanup
+            view = await d.registry.publication_view()
+            assert view.versions[b_version].placements["E1"].state is not PlacementState.READY
+            assert view.versions[b_version].state is VersionState.LOADING and view.default == a_version
+            assert (await _managed(e1, b.lora_name))["state"] == "READY"
+            unloads_before = unloads(await d.audit())
+
+            # The cleanup arrives first: the attempt is aborted and both engines clean it.
+            assert await d.publisher.abort_and_clean(b_version, token, {}) is PublishStatus.FAILED_CLEAN
+            view = await d.registry.publication_view()
+            assert view.versions[b_version].state is VersionState.FAILED_CLEAN and view.default == a_version
+            assert view.managed_count() == 1
+            assert {e: n - unloads_before[e] for e, n in unloads(await d.audit()).items()} == {"E0": 1, "E1": 1}
+            audit = await d.audit()
+
+            # The old attempt's READY arrives late (the held end returns): refused, nothing re-created.
+            end_gate.opened.set()
+            outcome = await publication
+            assert outcome.status is PublishStatus.FAILED_CLEAN and not outcome.committed
+            # Late begin, receive and end of the old attempt, straight at the engines: refused, nothing created.
+            for name, port in d.ports.items():
+                for late in (port.begin(b, token), port.end(b, token)):
+                    with pytest.raises(EngineRefused) as refused:
+                        await late
+                    assert refused.value.reason == Reason.STALE_ATTEMPT, name
+                with pytest.raises(ManagedRefusal) as refused_receive:
+                    await (await port.link()).receive_bucket_again(b, token, 0)
+                assert refused_receive.value.reason == Reason.STALE_ATTEMPT, name
+            # Late registry reports of the old attempt change nothing.
+            incarnations = (await d.registry.publication_view()).incarnations
+            for late_event in (RecordPrepared(b_version, token, "E1", incarnations["E1"], b.digest),
+                               RecordReady(b_version, token, "E1", incarnations["E1"], b.digest)):
+                answer = await d.registry.submit(late_event)
+                assert isinstance(answer.result, Rejected) and answer.journal_seq is None, late_event
+
+            view = await d.registry.publication_view()
+            assert view.versions[b_version].state is VersionState.FAILED_CLEAN and view.managed_count() == 1
+            assert view.default == a_version
+            for client in d.clients.values():
+                status = await client.status()
+                assert status["staging"]["stashes"] == {}
+                assert (await _managed(client, b.lora_name))["state"] == "CLEANED"
+                assert b.lora_name not in {entry["name"] for entry in status["adapters"]}
+            after = await d.audit()
+            # Since the cleanup: the late begins reached each engine (counted, refused), nothing loaded or unloaded.
+            assert {e: {k: after[e][k] - audit[e][k] for k in ("managed_begin", "physical_load", "physical_unload")}
+                    for e in after} == {e: {"managed_begin": 1, "physical_load": 0, "physical_unload": 0}
+                                        for e in after}
+            again = await d.binder.generate(session, PROMPT, 4)  # the old default serves, unchanged
+            assert (again.output_ids, again.logprobs) == (reference.output_ids, reference.logprobs)
+            await d.binder.finish(session)
+
+    run(body())
+
+
 def test_row_5_bind_close_and_cancel_complete_concurrency_one_binding_one_ref_closed_stays_closed(
     engines, fixtures, tmp_path
 ) -> None:
@@ -264,6 +407,133 @@ def test_row_5_bind_close_and_cancel_complete_concurrency_one_binding_one_ref_cl
             assert await refs() == 0
             again = await d.registry.submit(BindFirst(racer))
             assert isinstance(again.result, Rejected) and str(again.result.reason) == "SESSION_CLOSED"
+
+    run(body())
+
+
+class PriorityFor:
+    """An engine client whose requests with a rid in `rids` carry a top-level `priority`: the test engines
+    (--abort-on-priority-when-disabled) then end them with SGLang's own 503 from inside the request path, after
+    the tokenizer manager acquired the LoRA reference (Scheduler._set_or_validate_priority). The session layer's
+    BackendRequest has no such field; every other request and call is the wrapped client's, unchanged."""
+
+    def __init__(self, inner: Any) -> None:
+        self.inner = inner
+        self.rids: set[str] = set()
+
+    async def generate(self, *args: Any, rid: str | None = None, **kwargs: Any) -> Any:
+        if rid in self.rids:
+            kwargs["extra_fields"] = {"priority": 1}
+        return await self.inner.generate(*args, rid=rid, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.inner, name)
+
+
+R2_TOKENS = 2000  # r2 outlives every r1 ending (a disconnect is noticed by SGLang seconds later)
+R1_TOKENS = 800
+
+
+def test_row_6_native_refcount_r1_ends_by_503_400_disconnect_abort_or_twice_r2_keeps_exactly_one(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            assert (await d.publisher.publish(a_version, a)).committed
+            clients = [PriorityFor(client) for client in d.clients.values()]
+            backend = SGLangBackend(clients, route=d.route, names=list(d.clients))
+            binder = d.new_binder(backend, shard=1)
+            e0 = d.clients["E0"]
+
+            async def counts() -> tuple[int, int, int | None]:
+                """A's native refcount on E0 (SGLang's LoRARegistry counter), the patch's mirror of it, and the
+                introspection endpoint's read of the same counter."""
+                view = await _managed(e0, a.lora_name)
+                assert view is not None
+                return int(view["native_refcount"]), int(view["mirrored_refcount"]), await refcount(e0, a.lora_name)
+
+            async def counts_are(n: int) -> bool:
+                return await counts() == (n, n, n)
+
+            async def in_flight(key: Any, rid: str) -> asyncio.Task[Any]:
+                task = asyncio.create_task(binder.generate(key, PROMPT, R1_TOKENS, sampling={"ignore_eos": True},
+                                                           rid=rid))
+                await wait_until(lambda: counts_are(2), timeout_s=60)
+                return task
+
+            async def ends_by_503(key: Any, rid: str) -> None:
+                clients[0].rids.add(rid)
+                with pytest.raises(BackendFailure) as failed:
+                    await binder.generate(key, PROMPT, 8, rid=rid)
+                assert failed.value.status_code == 503
+
+            async def ends_before_dispatch_400(key: Any, rid: str) -> None:
+                with pytest.raises(BackendFailure) as failed:  # over the context: refused before scheduling
+                    await binder.generate(key, PROMPT * 200, 4, rid=rid)
+                assert failed.value.status_code == 400
+
+            async def ends_by_client_disconnect(key: Any, rid: str) -> None:
+                task = await in_flight(key, rid)
+                task.cancel()  # the session layer's caller goes away: the HTTP connection closes
+                with pytest.raises(asyncio.CancelledError):
+                    await task
+                assert set(binder.record(key).unknown) == {rid}  # never resent; resolved below, after the count
+                await wait_until(lambda: counts_are(1), timeout_s=45)
+                await binder.resolve_unknown(key, rid)  # an abort for a request SGLang already ended: no release
+
+            async def ends_by_abort(key: Any, rid: str) -> None:
+                task = await in_flight(key, rid)
+                await binder.abort(key, rid)
+                assert (await task).finish_reason == "abort"
+
+            async def ends_twice(key: Any, rid: str) -> None:
+                done = await binder.generate(key, PROMPT, 4, rid=rid)  # finishes...
+                assert done.finish_reason in ("stop", "length")
+                await backend.abort(rid)  # ...and a late abort of the same rid is a second terminal
+                assert await counts() == (1, 1, 1)
+                again = f"{rid}-aborted"
+                task = await in_flight(key, again)
+                await binder.abort(key, again)  # aborted...
+                assert (await task).finish_reason == "abort"
+                await backend.abort(again)  # ...and aborted once more
+
+            endings = {
+                "503": ends_by_503,
+                "pre_dispatch_400": ends_before_dispatch_400,
+                "client_disconnect": ends_by_client_disconnect,
+                "abort": ends_by_abort,
+                "duplicate_terminal": ends_twice,
+            }
+            for ending, end_r1 in endings.items():
+                r2_key = binder.open(f"S_r2_{ending}@E0")
+                r2_rid = f"S_r2_{ending}@E0/r2"
+                r2 = asyncio.create_task(binder.generate(r2_key, PROMPT, R2_TOKENS, sampling={"ignore_eos": True},
+                                                         rid=r2_rid))
+                await wait_until(lambda: counts_are(1), timeout_s=60)
+                r1_key = binder.open(f"S_r1_{ending}@E0")
+                await end_r1(r1_key, f"S_r1_{ending}@E0/r1")
+                # r1 released exactly once: r2's single reference is left, native and mirrored alike.
+                await wait_until(lambda: counts_are(1), timeout_s=45)
+                await asyncio.sleep(0.3)
+                assert await counts() == (1, 1, 1), ending
+                assert not r2.done(), ending
+                await binder.abort(r2_key, r2_rid)  # r2 ends too (temporary abort: its session keeps A)
+                assert (await r2).finish_reason == "abort"
+                await wait_until(lambda: counts_are(0), timeout_s=45)
+                assert await counts() == (0, 0, 0), ending
+                for key in (r1_key, r2_key):
+                    await binder.finish(key)
+            assert (await d.registry.publication_view()).versions[a_version].session_refs == 0
+
+            # Nothing leaked and nothing was released twice: once A is retired, its reclaim does not wait on a
+            # reference and unloads it exactly once on each engine.
+            b_version, b = d.candidate("B")
+            assert (await d.publisher.publish(b_version, b)).committed
+            before = unloads(await d.audit())
+            reclaimed = await asyncio.wait_for(d.reclaimer.reclaim(a_version), 60)
+            assert reclaimed.status is ReclaimStatus.RECLAIMED and set(reclaimed.confirmed) == {"E0", "E1"}
+            assert {e: n - before[e] for e, n in unloads(await d.audit()).items()} == {"E0": 1, "E1": 1}
 
     run(body())
 
@@ -362,3 +632,148 @@ def test_row_8_capacity_repeated_reclaim_and_late_unload_receipt(engines, fixtur
             assert accepted.committed
 
     run(body())
+
+
+async def _stock_transcript(client: Any, fixtures: Any, name: str) -> list[tuple[Any, ...]]:
+    """The stock LoRA path on `name` (an ordinary, unmanaged name): load, generate, overwrite the same name with
+    other weights, generate, unload, generate after the unload, unload again. Each step's answer: an error's
+    status code and message, or a generation's tokens and logprobs, or the load/unload reply."""
+    steps: list[tuple[Any, ...]] = []
+
+    async def step(label: str, work: Any) -> None:
+        try:
+            answer = await work
+        except EngineHTTPError as error:
+            steps.append((label, "error", error.status_code, _without_managed(error.body)))
+            return
+        if hasattr(answer, "output_ids"):
+            steps.append((label, "generated", tuple(answer.output_ids), tuple(answer.logprobs)))
+        else:
+            steps.append((label, "answered", bool(answer.get("success")), str(answer.get("message", ""))))
+
+    await step("load A", client.load_lora_adapter(name, str(fixtures.adapters["A"])))
+    await step("generate", client.generate(PROMPT, name, 6))
+    await step("load B under the same name", client.load_lora_adapter(name, str(fixtures.adapters["B"])))
+    await step("generate after the overwrite", client.generate(PROMPT, name, 6))
+    await step("unload", client.unload_lora_adapter(name))
+    await step("generate after the unload", client.generate(PROMPT, name, 6))
+    await step("unload again", client.unload_lora_adapter(name))
+    return steps
+
+
+def _without_managed(body: str) -> Any:
+    """An error body with the managed adapters left out of the `loaded_adapters` it lists: what else the managed
+    engine holds (version B here) is its state, not the stock path's answer."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return body
+    if isinstance(parsed, dict) and isinstance(parsed.get("loaded_adapters"), dict):
+        parsed["loaded_adapters"] = {name: path for name, path in parsed["loaded_adapters"].items()
+                                     if not name.startswith(LORA_NAME_PREFIX)}
+    return parsed
+
+
+def _assert_same_transcript(stock: list[tuple[Any, ...]], patched: list[tuple[Any, ...]]) -> None:
+    """Same answers step by step; generations: the same tokens, logprobs within the suite's tolerance (two
+    processes of the same CPU engine; the clean-baseline comparison of test_publication_e2e uses the same)."""
+    assert [s[:2] for s in stock] == [p[:2] for p in patched], (stock, patched)
+    for s, p in zip(stock, patched, strict=True):
+        if s[1] == "generated":
+            assert s[2] == p[2], (s, p)
+            assert max(abs(x - y) for x, y in zip(s[3], p[3], strict=True)) <= LOGPROB_TOLERANCE, (s, p)
+        else:
+            assert s[2:] == p[2:], (s, p)
+
+
+def test_row_9_missing_exact_version_is_an_error_managed_versions_resist_bypass_and_the_switch_off_is_stock(
+    engines, fixtures, tmp_path
+) -> None:
+    async def body() -> None:
+        # The switch off: an engine without the managed patch set (only `cpu`, which this CPU host needs to run
+        # SGLang at all). It starts while the managed part below runs.
+        stock = EngineProcess(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
+                                           log_path=tmp_path / "stock.log", patches=("cpu",)))
+        starting = asyncio.create_task(asyncio.to_thread(stock.start))
+        try:
+            async with deployed(engines, fixtures, tmp_path) as d:
+                await _row_9_managed(d, fixtures)
+                await starting
+                name = f"plain-{d.epoch}"  # the same ordinary name on both: the answers may name it
+                async with SGLangClient(stock.url, timeout_s=600.0) as stock_client:
+                    off = await _stock_transcript(stock_client, fixtures, name)
+                on = await _stock_transcript(d.clients["E0"], fixtures, name)
+        finally:
+            if not starting.done():
+                await asyncio.gather(starting, return_exceptions=True)
+            await asyncio.to_thread(stock.stop)
+        # What stock 0.5.23 answers, checked against the weights: A's generation is A's reference forward.
+        generated = next(s for s in off if s[0] == "generate")
+        expected = d.reference.score(snapshot_from_adapter_dir(fixtures.adapters["A"]), PROMPT, list(generated[2]))
+        assert max(abs(e - x) for e, x in zip(expected, generated[3], strict=True)) <= LOGPROB_TOLERANCE
+        assert off[0] == ("load A", "answered", True, off[0][3]) and off[4][:3] == ("unload", "answered", True)
+        # The managed engine serves an ordinary name exactly as the switched-off engine does.
+        _assert_same_transcript(off, on)
+
+    run(body())
+
+
+async def _row_9_managed(d: Any, fixtures: Any) -> None:
+    a_version, a = d.candidate("A")
+    assert (await d.publisher.publish(a_version, a)).committed
+    session = d.binder.open("S_a@E0")
+    reference = await d.binder.generate(session, PROMPT, 4)
+    b_version, b = d.candidate("B")
+    assert (await d.publisher.publish(b_version, b)).committed
+
+    # Bypass: the stock load, overwrite and unload of a managed name are refused on both engines.
+    c = snapshot_from_adapter_dir(fixtures.adapters["C"])
+    audit = await d.audit()
+    for client in d.clients.values():
+        for managed in (a, b):
+            for bypass in (client.load_lora_adapter(managed.lora_name, str(fixtures.adapters["C"])),
+                           client.load_lora_adapter_from_tensors(managed.lora_name, c.tensors, c.adapter_config()),
+                           client.unload_lora_adapter(managed.lora_name)):
+                with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER") as refused:
+                    await bypass
+                assert refused.value.status_code == 400
+    # LRU: A and B (pinned) and an ordinary X fill E0's three slots; loading Y evicts X, never a managed one.
+    e0 = d.clients["E0"]
+    x, y = f"plain-x-{d.epoch}", f"plain-y-{d.epoch}"
+    assert (await e0.load_lora_adapter(x, str(fixtures.adapters["C"])))["success"]
+    await e0.generate(PROMPT, x, 2)
+    assert (await e0.load_lora_adapter(y, str(fixtures.adapters["C"])))["success"]
+    assert {entry["name"] for entry in (await e0.status())["adapters"]} == {a.lora_name, b.lora_name, y}
+    assert (await e0.unload_lora_adapter(y))["success"]
+    for client in d.clients.values():
+        states = {m["name"]: m["state"] for m in (await client.status())["managed"]}
+        assert (states[a.lora_name], states[b.lora_name]) == ("READY", "READY")
+    after = await d.audit()
+    assert {e: (after[e]["physical_unload"], after[e]["managed_begin"]) for e in after} == {
+        e: (audit[e]["physical_unload"], audit[e]["managed_begin"]) for e in audit}  # no managed unload or begin
+    again = await d.binder.generate(session, PROMPT, 4)  # the retired A still serves its session, unchanged
+    assert (again.output_ids, again.logprobs) == (reference.output_ids, reference.logprobs)
+
+    # The exact version missing: A reclaimed. No fallback to the base or the latest, no implicit reload.
+    await d.binder.finish(session)
+    assert (await d.reclaimer.reclaim(a_version)).status is ReclaimStatus.RECLAIMED
+    late = d.binder.open("S_late@E0")
+    with pytest.raises(VersionUnavailable):
+        await d.binder.gate.check(a_version)  # the session layer refuses it before it leaves the process
+    loads = {e: n["physical_load"] for e, n in (await d.audit()).items()}
+    never = lora_name(VersionKey(d.epoch, "never-published"), a.digest)
+    for engine in ("E0", "E1"):
+        for missing in (a.lora_name, never):
+            with pytest.raises(BackendFailure) as failed:  # below the session layer, straight at the engine
+                await d.backend.generate(BackendRequest(f"late/{engine}", tuple(PROMPT), missing, 4, {},
+                                                        frozenset({engine})))
+            assert failed.value.engine == engine and failed.value.status_code in (400, 409), failed.value
+            if missing == a.lora_name:
+                assert failed.value.reason == Reason.VERSION_UNAVAILABLE
+    for client in d.clients.values():
+        assert not {a.lora_name, never} & {entry["name"] for entry in (await client.status())["adapters"]}
+    assert {e: n["physical_load"] for e, n in (await d.audit()).items()} == loads  # nothing loaded again
+    served = await d.binder.generate(late, PROMPT, 4)  # a new session binds the default, B
+    assert (await d.binder.bind_first(late)).version == b_version
+    assert_matches_reference(d, "B", PROMPT, served.logprobs, served.output_ids)
+    await d.binder.finish(late)
