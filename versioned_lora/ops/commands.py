@@ -12,6 +12,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 from collections.abc import Callable
 from enum import IntEnum
 from pathlib import Path
@@ -117,6 +118,12 @@ def status(args: argparse.Namespace) -> int:
             if not args.watch:
                 console.print(render_status(await gather_status(registry, clients)))
                 return int(Exit.OK)
+            if not console.is_terminal:  # a pipe or a file: one full table per refresh, each under its time
+                while True:
+                    console.print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
+                    console.print(render_status(await gather_status(registry, clients)))
+                    sys.stdout.flush()
+                    await asyncio.sleep(args.interval)
             with Live(render_status(await gather_status(registry, clients)), console=console,
                       auto_refresh=False) as live:
                 while True:
@@ -238,7 +245,8 @@ def publish(args: argparse.Namespace) -> int:
         receipt = {"status": str(outcome.status), "reason": outcome.reason, "version_id": version.version_id,
                    "epoch": version.epoch, "lora_name": outcome.lora_name, "attempt_token": outcome.attempt_token,
                    "default_revision": outcome.default_revision, "version_state": outcome.version_state,
-                   "phases": dict(outcome.phases), "detail": outcome.detail, "exit": int(code)}
+                   "phases": [[phase, seconds] for phase, seconds in outcome.phases.items()],  # in order
+                   "detail": outcome.detail, "exit": int(code)}
         style = "green" if code is Exit.OK else "red"
         console.print(f"[{style}]{outcome.status}[/{style}]" + (f" {outcome.reason}" if outcome.reason else "")
                       + (f" default revision {outcome.default_revision}" if outcome.default_revision else ""))
