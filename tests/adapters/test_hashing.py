@@ -365,17 +365,42 @@ def test_chunk_table_lists_every_chunk_of_every_buffer() -> None:
         assert firsts == [sum(counts[:i]) for i in range(len(spans) + 1)]
 
 
-def test_a_snapshot_can_be_taken_as_manifest_v2_and_verifies_as_v2() -> None:
+def test_a_snapshot_is_manifest_v2_by_default_and_v1_when_asked() -> None:
+    from versioned_lora.adapters.manifest import PUBLISHED_HASH_KIND
     from versioned_lora.adapters.snapshot import snapshot_from_tensors
 
     rng = torch.Generator().manual_seed(2)
     tensors = {f"base_model.model.layers.{i}.q_proj.lora_{ab}.weight": torch.randn(shape, generator=rng)
                for i in range(3) for ab, shape in (("A", (8, 96)), ("B", (96, 8)))}  # fmt: skip
-    v1 = snapshot_from_tensors(tensors, CONFIG)
-    v2 = snapshot_from_tensors(tensors, CONFIG, hash_kind=V2_HASH)
-    assert v1.manifest.hash_kind == "sha256" and v2.manifest.hash_kind == V2_HASH
+    v2 = snapshot_from_tensors(tensors, CONFIG)
+    v1 = snapshot_from_tensors(tensors, CONFIG, hash_kind="sha256")
+    assert PUBLISHED_HASH_KIND == V2_HASH
+    assert (v2.manifest.hash_kind, v2.manifest.format) == (V2_HASH, MANIFEST_FORMAT_V2)
+    assert (v1.manifest.hash_kind, v1.manifest.format) == ("sha256", MANIFEST_FORMAT)
     assert v2.manifest == manifest_from_tensors(v2.tensors, v2.serving_config, hash_kind=V2_HASH)
+    # v1 asked for is exactly the manifest v1 has always been: no "hash" key, the same bytes as a Manifest's default.
+    assert v1.manifest.to_json_bytes() == manifest_from_tensors(tensors, v1.serving_config).to_json_bytes()
+    assert "hash" not in json.loads(v1.manifest.to_json())
     assert v2.digest != v1.digest
     v2.verify()
+    v1.verify()
     with pytest.raises(UnsupportedManifest):
         snapshot_from_tensors(tensors, CONFIG, hash_kind="sha256-chunked-4096")
+
+
+def test_snapshot_for_digest_gives_back_the_manifest_a_version_was_published_with() -> None:
+    from versioned_lora.adapters.snapshot import SnapshotError, snapshot_for_digest, snapshot_from_tensors
+
+    rng = torch.Generator().manual_seed(5)
+    tensors = {f"base_model.model.layers.{i}.v_proj.lora_{ab}.weight": torch.randn(shape, generator=rng)
+               for i in range(2) for ab, shape in (("A", (8, 96)), ("B", (96, 8)))}  # fmt: skip
+    published_v1 = snapshot_from_tensors(tensors, CONFIG, hash_kind="sha256")
+    rebuilt = snapshot_from_tensors(tensors, CONFIG)  # the same source, snapshotted again under today's default
+    assert rebuilt.manifest.hash_kind == V2_HASH and rebuilt.digest != published_v1.digest
+    again = snapshot_for_digest(rebuilt, published_v1.digest)
+    assert again.manifest.to_json_bytes() == published_v1.manifest.to_json_bytes()
+    assert again.tensors is rebuilt.tensors  # the same frozen copies: only the manifest is computed again
+    assert snapshot_for_digest(rebuilt, rebuilt.digest) is rebuilt
+    assert snapshot_for_digest(published_v1, rebuilt.digest).manifest == rebuilt.manifest
+    with pytest.raises(SnapshotError, match="hash kinds tried"):
+        snapshot_for_digest(rebuilt, "0" * 64)

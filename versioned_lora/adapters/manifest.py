@@ -7,13 +7,14 @@ whitespace, UTF-8; `digest = sha256(canonical bytes)`. The digest is the version
 
 Two versions of the format, both accepted everywhere:
 
-- v1 (``"format": "versioned-lora/manifest/v1"``, the default): each tensor's ``sha256`` field is the
+- v1 (``"format": "versioned-lora/manifest/v1"``, a `Manifest`'s default): each tensor's ``sha256`` field is the
   SHA-256 of its bytes. Its canonical bytes are exactly what they were before v2 existed, so every v1
   digest, name and journal entry stays valid, and a manifest read as v1 is written back as v1.
 - v2 (``"format": "versioned-lora/manifest/v2"`` plus ``"hash": "sha256-chunked-<C>"``): the ``sha256``
   field is the chunked hash of `hashing` (SHA-256 over the SHA-256 digests of fixed ``C``-byte
   chunks), which threads and GPUs compute in parallel. The ``hash`` field is part of the canonical
-  manifest, so the chunk size is frozen into the digest. Only ``C = V2_CHUNK_BYTES`` is known.
+  manifest, so the chunk size is frozen into the digest. Only ``C = V2_CHUNK_BYTES`` is known. New
+  publications are v2 (`PUBLISHED_HASH_KIND`, the default of every snapshot).
 
 A manifest of another format, or a v2 manifest of another hash kind, is refused with
 `UnsupportedManifest` (an engine answers it with a typed refusal, ``UNSUPPORTED_MANIFEST``).
@@ -51,6 +52,10 @@ MANIFEST_FORMAT_V2 = "versioned-lora/manifest/v2"
 V2_CHUNK_BYTES = 64 * 1024
 V2_HASH = chunked_kind(V2_CHUNK_BYTES)
 KNOWN_HASH_KINDS: Mapping[str, str] = {MANIFEST_FORMAT: HASH_SHA256, MANIFEST_FORMAT_V2: V2_HASH}
+# The hash kind of every new publication: a snapshot's manifest is v2 unless its caller asks for another kind
+# (adapters/snapshot.py). A `Manifest` built or parsed without a kind stays v1, so every v1 manifest, digest,
+# name and journal keeps its bytes, and a version published as v1 is re-staged as v1 (`snapshot_for_digest`).
+PUBLISHED_HASH_KIND = V2_HASH
 
 # Element sizes by the dtype's torch name (`str(torch.float32)` without "torch."). Kept as plain data so
 # a manifest can be checked (nbytes == prod(shape) * itemsize) without importing torch.

@@ -3,7 +3,9 @@
 A snapshot is taken from a live PEFT model, a PEFT adapter directory, or the dict of exported tensors
 that Relax's `export_local_adapter`/`gather_full_adapter` produce. Its tensors are CPU copies that share
 no storage with the source, so training may keep stepping while the version is published; its manifest
-and digest (adapters/manifest.py) are computed once, from those copies.
+and digest (adapters/manifest.py) are computed once, from those copies. Every snapshot's manifest is format
+v2 (`manifest.PUBLISHED_HASH_KIND`) unless `hash_kind=` asks for another; `snapshot_for_digest` gives back the
+manifest a version was published with (v1 for a v1 version) when it is staged again.
 
 Tensor names are PEFT's saved names (`get_peft_model_state_dict`, the keys of adapter_model.safetensors,
 e.g. `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`): SGLang's LoRA loader expects them.
@@ -22,8 +24,15 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from versioned_lora.adapters.hashing import HASH_SHA256, chunk_size
-from versioned_lora.adapters.manifest import Manifest, canonical_serving_config, manifest_from_tensors, verify_tensors
+from versioned_lora.adapters.hashing import chunk_size
+from versioned_lora.adapters.manifest import (
+    KNOWN_HASH_KINDS,
+    PUBLISHED_HASH_KIND,
+    Manifest,
+    canonical_serving_config,
+    manifest_from_tensors,
+    verify_tensors,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -183,7 +192,7 @@ def _freeze(
     serving_config: dict[str, Any],
     live: Iterable[torch.Tensor],
     dtype: torch.dtype | None,
-    hash_kind: str = HASH_SHA256,
+    hash_kind: str = PUBLISHED_HASH_KIND,
 ) -> Snapshot:
     """Copy to CPU, prove the copies share no storage with `live` or each other, hash them.
 
@@ -220,10 +229,10 @@ def _freeze(
 
 def snapshot_from_peft_model(
     model: Any, adapter_name: str = "default", base_model: str | None = None, dtype: torch.dtype | None = None,
-    hash_kind: str = HASH_SHA256,
+    hash_kind: str = PUBLISHED_HASH_KIND,
 ) -> Snapshot:  # fmt: skip
     """Snapshot adapter `adapter_name` of a live `PeftModel`, as `save_pretrained` would name and save it.
-    `hash_kind`: the manifest's (manifest v1 "sha256" by default, or manifest.V2_HASH)."""
+    `hash_kind`: the manifest's (manifest v2's by default, or "sha256" for manifest v1)."""
     from peft import get_peft_model_state_dict
 
     if adapter_name not in model.peft_config:
@@ -235,7 +244,7 @@ def snapshot_from_peft_model(
 
 
 def snapshot_from_adapter_dir(
-    path: str | os.PathLike[str], base_model: str | None = None, hash_kind: str = HASH_SHA256
+    path: str | os.PathLike[str], base_model: str | None = None, hash_kind: str = PUBLISHED_HASH_KIND
 ) -> Snapshot:
     """Snapshot a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
     from safetensors.torch import load_file
@@ -254,7 +263,29 @@ def snapshot_from_tensors(
     config: Mapping[str, Any] | Any,
     base_model: str | None = None,
     dtype: torch.dtype | None = None,
-    hash_kind: str = HASH_SHA256,
+    hash_kind: str = PUBLISHED_HASH_KIND,
 ) -> Snapshot:
     """Snapshot exported tensors (PEFT saved naming) plus their PEFT config (a LoraConfig or its dict)."""
     return _freeze(tensors, serving_config_from_peft(config, base_model), (), dtype, hash_kind)
+
+
+def snapshot_for_digest(snapshot: Snapshot, digest: str) -> Snapshot:
+    """These tensors under the manifest whose digest is `digest`: the same snapshot when it already has it,
+    else the same tensors with their manifest computed under another known hash kind (no tensor is copied).
+
+    For staging a version again (a rehydrate after an engine restart, a publisher rebuilt from its source):
+    the registry holds the digest it was published with, and a snapshot rebuilt today is v2 by default, so
+    a version published as v1 must be re-staged under its v1 manifest, byte for byte, or it would be another
+    version. Raises SnapshotError when no known kind gives `digest` (other tensors or another config)."""
+    if snapshot.digest == digest:
+        return snapshot
+    tried = [snapshot.manifest.hash_kind]
+    for kind in KNOWN_HASH_KINDS.values():
+        if kind in tried:
+            continue
+        tried.append(kind)
+        manifest = manifest_from_tensors(snapshot.tensors, snapshot.serving_config, hash_kind=kind)
+        if manifest.digest == digest:
+            return Snapshot(tensors=snapshot.tensors, manifest=manifest)
+    raise SnapshotError(f"no manifest of these tensors and serving config has digest {digest} "
+                        f"(hash kinds tried: {tried})")

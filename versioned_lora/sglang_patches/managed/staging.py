@@ -99,7 +99,8 @@ class DiskSource:
             for item in self.path.iterdir():
                 if item.is_file():
                     shutil.copy2(item, copy / item.name)
-            snapshot = snapshot_from_adapter_dir(copy)
+            # Hashed under the manifest's own kind (v1 or v2): the digest compared below is the manifest's.
+            snapshot = snapshot_from_adapter_dir(copy, hash_kind=self.manifest.hash_kind)
             verify_tensors(self.manifest, snapshot.tensors, expected_digest=self.digest)
         except (OSError, ValueError, ManifestError, SnapshotError) as exc:
             return Verdict(False, f"adapter at {self.path} does not match the manifest: {exc}")
