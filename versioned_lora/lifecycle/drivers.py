@@ -274,7 +274,8 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "registry_says_reclaimed": lambda s, sub, i: any(e.reclaimed for e in s.engines.values()),
 }
 
-# ---------------------------------------------------------------- command builders: (state, sub, input) -> (state', commands)
+# ---------------------------------------------------------------- command builders
+# (state, sub, input) -> (state', commands).
 # A builder of a coordinator row gets and returns the coordinator; one of a sub-machine row, the sub-machine.
 
 Built = tuple[Any, tuple[Command, ...]]
@@ -401,14 +402,21 @@ class DriverStep:
 class Drivers:
     """The driver table compiled for lookup: the spec's rows, or a mutant's (scripts/mutate_drivers.py)."""
 
-    def __init__(self, rows: tuple[DriverRow, ...] = DRIVER_ROWS) -> None:
+    def __init__(
+        self,
+        rows: tuple[DriverRow, ...] = DRIVER_ROWS,
+        guards: Mapping[str, Callable[[Any, Any, DriverInput], bool]] | None = None,
+        builders: Mapping[str, Callable[[Any, Any, DriverInput], Built]] | None = None,
+    ) -> None:
         self.rows = rows
+        self.guards = GUARDS if guards is None else guards
+        self.builders = BUILDERS if builders is None else builders
         self._by_pair: dict[tuple[Driver, str, Input], list[DriverRow]] = {}
         for r in rows:
             for phase in r.expanded_sources():
                 self._by_pair.setdefault((r.machine, phase, r.input), []).append(r)
-        unknown = {g for r in rows for g in r.guards} - GUARDS.keys()
-        unknown |= {c for r in rows for c in r.commands} - BUILDERS.keys()
+        unknown = {g for r in rows for g in r.guards} - self.guards.keys()
+        unknown |= {c for r in rows for c in r.commands} - self.builders.keys()
         if unknown:
             raise ValueError(f"driver rows name unknown guards or commands: {sorted(unknown)}")
 
@@ -416,7 +424,7 @@ class Drivers:
         target = sub if sub is not None else state
         machine, kind = MACHINE_OF[type(target)], input_kind(inp)
         for r in self._by_pair.get((machine, target.phase, kind), ()):
-            if all(GUARDS[g](state, sub, inp) for g in r.guards):
+            if all(self.guards[g](state, sub, inp) for g in r.guards):
                 return r
         raise ProtocolError(f"no driver row for {machine}/{target.phase} on {kind}", machine=str(machine),
                             state=target.phase)
@@ -426,7 +434,7 @@ class Drivers:
         target = sub if sub is not None else state
         commands: list[Command] = []
         for name in r.commands:
-            target, built = BUILDERS[name](target, sub if sub is None else state, inp)
+            target, built = self.builders[name](target, sub if sub is None else state, inp)
             commands += built
         if r.target != SAME:
             target = attrs.evolve(target, phase=r.target)

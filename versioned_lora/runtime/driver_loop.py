@@ -87,6 +87,7 @@ class DriverLoop:
         loop = asyncio.get_running_loop()
         self._reported: asyncio.Future[Report] = loop.create_future()
         self._finished: asyncio.Future[Report] = loop.create_future()
+        self._inbox.put_nowait(Start())  # first in the inbox, before anything else can be
         self._task = asyncio.ensure_future(self._run())
 
     # ---- the caller's side
@@ -108,7 +109,6 @@ class DriverLoop:
 
     # ---- the owning task
     async def _run(self) -> None:
-        self._inbox.put_nowait(Start())
         try:
             while not is_done(self.state):
                 inp = await self._inbox.get()

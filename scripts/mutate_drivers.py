@@ -1,0 +1,160 @@
+"""Seeded mutations of the driver table (spec/drivers.py), each run through the driver checker
+(model_checks/drivers.py) on DRIVER_BOUNDS, stopping at its first killing bound.
+
+    python scripts/mutate_drivers.py --seed 1 --count 12
+
+Operators keep every (phase, input) pair covered (deleting a row is left out: the uncovered-pair
+ProtocolError catches that by construction): change_target (a row that moves goes to another phase of
+its machine), change_report (another outcome, or none where it had one), drop_command, add_command (a
+command of the same machine's rows), drop_guard, swap_guards (the guards of two rows of the same
+(machine, input) exchanged). Plus one fixed mutant, `refused_abort_cleans`: after a refused abort, the
+driver cleans every engine it knows of, as the runtime's hand-written fallback did before (the data-loss
+bug of issue 17).
+
+A mutant is killed by a property violation (model_checks/drivers.py's properties, the registry's and
+the engines' invariants, `finishes`); one that dies only by a ProtocolError is counted apart
+(protocol_error_only). The last line: `driver_mutants=N killed=K protocol_error_only=P`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+import time
+from pathlib import Path
+
+import attrs
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from model_checks.drivers import DIGESTS, DRIVER_BOUNDS, ENGINES, SCENARIOS, DriverSystem, check
+from versioned_lora.lifecycle.drivers import BUILDERS, GUARDS, CleanupEngineState, Drivers, _cleanup_command
+from versioned_lora.lifecycle.effects import CleanupOnEngine
+from versioned_lora.spec.drivers import DRIVER_ROWS, PHASES, DriverOutcome, DriverRow
+from versioned_lora.spec.identities import lora_name
+from versioned_lora.spec.states import SAME
+
+OPERATORS = ("change_target", "change_report", "drop_command", "add_command", "drop_guard", "swap_guards")
+# Hand verdicts: mutant -> why no behaviour can tell it apart. Left out of N.
+EQUIVALENT: dict[str, str] = {
+    "add_command unload.done: note_reclaimed": "note_reclaimed reads a confirm's registry answer; on the "
+    "engine's reclaim answer it leaves the state as it is",
+}
+
+
+@attrs.frozen
+class Mutant:
+    name: str
+    rows: tuple[DriverRow, ...]
+    builders: dict[str, object] = attrs.field(factory=dict, eq=False)
+
+
+def _replace(rows: tuple[DriverRow, ...], index: int, new: DriverRow) -> tuple[DriverRow, ...]:
+    return (*rows[:index], new, *rows[index + 1:])
+
+
+def draw(rng: random.Random) -> Mutant:
+    rows = DRIVER_ROWS
+    while True:
+        op = rng.choice(OPERATORS)
+        i = rng.randrange(len(rows))
+        r = rows[i]
+        if op == "change_target" and r.changes_state:
+            options = [p for p in PHASES[r.machine] if p != r.target] + ([SAME] if r.target != SAME else [])
+            target = rng.choice(options)
+            return Mutant(f"change_target {r.id}: {r.target} -> {target}",
+                          _replace(rows, i, attrs.evolve(r, target=target)))
+        if op == "change_report" and r.changes_state:
+            options = [None, *DriverOutcome]
+            options.remove(r.report)
+            report = rng.choice(options)
+            return Mutant(f"change_report {r.id}: {r.report} -> {report}",
+                          _replace(rows, i, attrs.evolve(r, report=report)))
+        if op == "drop_command" and r.commands:
+            c = rng.choice(r.commands)
+            return Mutant(f"drop_command {r.id}: {c}",
+                          _replace(rows, i, attrs.evolve(r, commands=tuple(x for x in r.commands if x != c))))
+        if op == "add_command" and r.changes_state:
+            pool = sorted({c for x in rows if x.machine is r.machine for c in x.commands} - set(r.commands))
+            if pool:
+                c = rng.choice(pool)
+                return Mutant(f"add_command {r.id}: {c}",
+                              _replace(rows, i, attrs.evolve(r, commands=(*r.commands, c))))
+        if op == "drop_guard" and r.guards:
+            g = rng.choice(r.guards)
+            return Mutant(f"drop_guard {r.id}: {g}",
+                          _replace(rows, i, attrs.evolve(r, guards=tuple(x for x in r.guards if x != g))))
+        if op == "swap_guards" and r.guards:
+            peers = [j for j, x in enumerate(rows) if j != i and x.machine is r.machine and x.input is r.input
+                     and x.guards != r.guards]
+            if peers:
+                j = rng.choice(peers)
+                swapped = _replace(rows, i, attrs.evolve(r, guards=rows[j].guards))
+                swapped = _replace(swapped, j, attrs.evolve(rows[j], guards=r.guards))
+                return Mutant(f"swap_guards {r.id} <-> {rows[j].id}", swapped)
+
+
+def refused_abort_cleans() -> Mutant:
+    """The pre-fix fallback: a refused abort ("no effects") cleans every engine the attempt was placed on."""
+
+    def clean_everywhere(s, sub, i):  # type: ignore[no-untyped-def]
+        name = lora_name(s.version, DIGESTS[s.version])
+        engines = {e: CleanupEngineState("CLEANING", CleanupOnEngine(e, s.version, name, s.attempt_token), None)
+                   for e in ENGINES}
+        from immutables import Map
+
+        commands = [_cleanup_command(x) for x in engines.values()]
+        return attrs.evolve(s, engines=Map(engines)), tuple(commands)
+
+    index = next(k for k, r in enumerate(DRIVER_ROWS) if r.id == "abort.refused")
+    row = attrs.evolve(DRIVER_ROWS[index], target="CLEANING", commands=("disarm", "clean_everywhere"), report=None)
+    return Mutant("refused_abort_cleans (fixed)", _replace(DRIVER_ROWS, index, row),
+                  {"clean_everywhere": clean_everywhere})
+
+
+def run(mutant: Mutant) -> tuple[str, str]:
+    """('killed' | 'protocol_error_only' | 'survived', detail)."""
+    drivers = Drivers(mutant.rows, GUARDS, {**BUILDERS, **mutant.builders})  # type: ignore[dict-item]
+    protocol = None
+    for budget in DRIVER_BOUNDS:
+        system = DriverSystem(drivers)
+        for name in SCENARIOS:
+            result = check(name, budget, drivers, system)
+            if result.violation is None:
+                continue
+            if result.violation.startswith("ProtocolError"):
+                protocol = protocol or f"{name}: {result.violation}"
+                continue
+            return "killed", f"{name} {budget}: {result.violation}"
+    return ("protocol_error_only", protocol) if protocol else ("survived", "")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--count", type=int, default=12)
+    args = parser.parse_args(argv)
+    rng = random.Random(args.seed)
+    mutants = [refused_abort_cleans()]
+    seen = {m.name for m in mutants}
+    while len(mutants) < args.count + 1:
+        m = draw(rng)
+        if m.name not in seen and m.name not in EQUIVALENT:
+            seen.add(m.name)
+            mutants.append(m)
+    killed = protocol = 0
+    started = time.monotonic()
+    for m in mutants:
+        t = time.monotonic()
+        verdict, detail = run(m)
+        killed += verdict == "killed"
+        protocol += verdict == "protocol_error_only"
+        print(f"{verdict:20s} {time.monotonic() - t:6.1f}s  {m.name}  {detail[:160]}", flush=True)
+    print(f"seconds={time.monotonic() - started:.0f}")
+    print(f"driver_mutants={len(mutants)} killed={killed} protocol_error_only={protocol}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

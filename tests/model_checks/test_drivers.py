@@ -1,0 +1,54 @@
+"""The driver machines, model-checked with the real registry and engine tables (model_checks/drivers.py).
+
+Every scenario under every bound of DRIVER_BOUNDS completes without a violation; together they fire
+every driver row but the listed defensive ones (and a defensive row that starts firing fails this test
+too, so the list stays true); a lost reply and a fired deadline are reached in every phase that waits
+for a call; and the fixed mutant of issue 17 (a refused abort cleans every engine) is killed by a
+property, not by a ProtocolError.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from model_checks.drivers import DEFENSIVE_ROWS, DRIVER_BOUNDS, SCENARIOS, DriverSystem, check
+from versioned_lora.spec.drivers import DRIVER_ROWS
+
+# For each phase that waits on a call: the row for its lost reply and the row for its fired deadline.
+LOST_AND_DEADLINE = (
+    ("commit.lost", "commit.deadline"), ("abort.lost", "abort.deadline"), ("clean.lost", "clean.deadline"),
+    ("cleaned.lost", "cleaned.deadline"), ("unknown.lost", "unknown.deadline"), ("claim.lost", "claim.deadline"),
+    ("unload.lost", "unload.deadline"), ("confirm.lost", "unload.deadline"),
+)
+
+
+def test_every_bound_holds_and_fires_every_row_but_the_defensive_ones() -> None:
+    fired: dict[str, int] = {}
+    for budget in DRIVER_BOUNDS:
+        system = DriverSystem()
+        for name in SCENARIOS:
+            result = check(name, budget, system=system)
+            assert result.violation is None, (name, budget, result.violation, result.trace)
+            assert result.states > 1
+        for row, count in system.fired.items():
+            fired[row] = fired.get(row, 0) + count
+    assert {r.id for r in DRIVER_ROWS} - fired.keys() == set(DEFENSIVE_ROWS)
+    for lost, deadline in LOST_AND_DEADLINE:
+        assert fired.get(lost, 0) > 0 and fired.get(deadline, 0) > 0, (lost, deadline)
+
+
+def _mutate_drivers():  # scripts/ is not a package
+    path = Path(__file__).resolve().parents[2] / "scripts" / "mutate_drivers.py"
+    spec = importlib.util.spec_from_file_location("mutate_drivers", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_refused_abort_fallback_is_killed_by_a_property() -> None:
+    mutate = _mutate_drivers()
+    verdict, detail = mutate.run(mutate.refused_abort_cleans())
+    assert verdict == "killed", detail
+    assert "committed_stays_loaded" in detail  # the data loss itself: a committed default unloaded
