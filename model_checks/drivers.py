@@ -27,6 +27,8 @@ Properties, on every reachable world:
   report_is_true           COMMITTED / FAILED_CLEAN / RECLAIMED are reported only when the registry says so
   rejected_changes_nothing a REJECTED reclaim sent nothing to any engine
   abort_never_commits      a settle started to abort (its staging failed) never sends a commit
+  timers_follow_calls      no timer outlives the call it bounds (a finished sub-machine, or a coordinator
+                           past its own call, has none armed)
   unknown_keeps_capacity   a settle that reported UNKNOWN never freed the slot on the strength of a guess
                            (the registry's slot is freed only by its own rows: checked by the registry's
                            invariants, which run on every registry state here too)
@@ -49,6 +51,7 @@ from immutables import Map
 from versioned_lora.lifecycle import CORE, initial_engine_state, initial_state
 from versioned_lora.lifecycle.drivers import (
     DRIVERS,
+    MACHINE_OF,
     Answer,
     Arm,
     Call,
@@ -70,7 +73,7 @@ from versioned_lora.lifecycle.drivers import (
     settle,
 )
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.spec.drivers import DRIVER_ROWS, DriverOutcome
+from versioned_lora.spec.drivers import DRIVER_ROWS, TERMINAL, DriverOutcome
 from versioned_lora.spec.events import (
     Abort,
     AcquireRequest,
@@ -311,7 +314,7 @@ class DriverSystem:
                         served, net=_sorted((*served.net, ("rep", Lost(payload.call)))), budget=spent)
                     yield f"lose request {payload}", attrs.evolve(
                         base, net=_sorted((*base.net, ("rep", Lost(payload.call)))), budget=spent)
-            if b.dups:
+            if b.dups and not isinstance(payload, (Deadline, Cancel)):  # local inputs: never duplicated
                 yield f"dup {message}", attrs.evolve(w, net=_sorted((*w.net, message)),
                                                      budget=attrs.evolve(b, dups=b.dups - 1))
         # A timer that fires puts its Deadline in the driver's inbox (the network here): it may be there
@@ -360,6 +363,13 @@ class DriverSystem:
                 kind == "req" and isinstance(c, Submit) and isinstance(c.event, Commit) and c.call.engine != STALE
                 for kind, c in w.net):
             out.append("abort_never_commits: a settle started to abort (staging failed) sent a commit")
+        d = w.driver
+        waiting = {"CLEANING": Timer("commit"), "RECLAIMING": Timer("claim")}.get(d.phase)
+        if waiting is not None and waiting in w.timers:
+            out.append(f"timers_follow_calls: {d.phase} still has the {waiting.name} timer armed")
+        for name, sub in d.engines.items():
+            if sub.phase in TERMINAL[MACHINE_OF[type(sub)]] and any(t.engine == name for t in w.timers):
+                out.append(f"timers_follow_calls: {name} is {sub.phase} with a timer still armed")
         target = w.driver.version
         state = reg.versions[target].state if target in reg.versions else None
         for report in w.reports:

@@ -35,3 +35,15 @@ def test_adapters_implement_the_runtime_ports() -> None:
             assert callable(getattr(cls, name)) and hasattr(RegistryPort, name)
     assert all(callable(getattr(SGLangBackend, name)) for name in ("generate", "abort"))
     assert hasattr(GenerationBackend, "generate")
+
+
+def test_the_driver_executors_decide_nothing_by_state_or_reason() -> None:
+    """The Reclaimer and the driver loop execute spec/drivers.py's rows: they import no state or reason
+    names (what they would compare to decide), and read no view of the registry."""
+    folder = Path(runtime_pkg.__file__).parent
+    for name in ("reclaimer.py", "driver_loop.py"):
+        path = folder / name
+        modules = imported_modules(path)
+        assert not modules & {"versioned_lora.spec.states", "versioned_lora.spec.reasons"}, (name, modules)
+        source = path.read_text()
+        assert "publication_view" not in source and "version_states" not in source, name

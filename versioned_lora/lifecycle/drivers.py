@@ -338,6 +338,7 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "send_cleanup": lambda e, sub, i: (e, (_cleanup_command(e),)),
     "arm_backoff": lambda e, sub, i: (e, (Arm(Timer("backoff", e.order.engine), "retry_pause"),)),
     "disarm_engine": lambda e, sub, i: (e, (Disarm(_sub_timer(e)),)),
+    "disarm_backoff": lambda e, sub, i: (e, (Disarm(Timer("backoff", e.order.engine)),)),
     "arm_report": lambda e, sub, i: (e, (Arm(Timer("report", e.order.engine), "commit"),)),
     "disarm_report": lambda e, sub, i: (e, (Disarm(Timer("report", e.order.engine)),)),
     "submit_cleaned": lambda e, sub, i: (e, (Submit(
@@ -471,6 +472,11 @@ DRIVERS = Drivers()
 
 def is_done(state: DriverState) -> bool:
     return state.phase in TERMINAL[MACHINE_OF[type(state)]]
+
+
+def confirmed_engines(state: ReclaimState) -> tuple[str, ...]:
+    """The engines whose unload this reclaim confirmed to the registry."""
+    return tuple(sorted(name for name, e in state.engines.items() if e.phase == "CONFIRMED"))
 
 
 def waiting_on(state: DriverState) -> Mapping[str, str]:

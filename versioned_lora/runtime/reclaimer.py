@@ -16,8 +16,7 @@ from typing import Any
 
 import attrs
 
-from versioned_lora.lifecycle import VersionKey
-from versioned_lora.lifecycle.drivers import reclaim as reclaim_driver
+from versioned_lora.lifecycle import VersionKey, drivers
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.driver_loop import DriverLoop
 from versioned_lora.runtime.interfaces import RegistryPort, StagingEnginePort
@@ -56,13 +55,13 @@ class Reclaimer:
         again for the same version retries the same claim key: answered from the journal, it names the
         same engines and reclaim id (engine unloads are idempotent per reclaim id)."""
         started = time.monotonic()
-        loop = DriverLoop(reclaim_driver(version), self.registry, self.engines,
+        loop = DriverLoop(drivers.reclaim(version), self.registry, self.engines,
                           lambda name: float(getattr(self.deadlines, name)))
         self.last_loop = loop
         report = await loop.finished()
         state = loop.state
+        assert isinstance(state, drivers.ReclaimState)
         status = ReclaimStatus(report.outcome)
-        confirmed = tuple(sorted(name for name, e in state.engines.items() if e.phase == "CONFIRMED"))
         reason = report.reason if status is not ReclaimStatus.UNKNOWN else CLAIM_OUTCOME_UNKNOWN
-        return ReclaimOutcome(status, version, getattr(state, "reclaim_id", None), confirmed,
+        return ReclaimOutcome(status, version, state.reclaim_id, drivers.confirmed_engines(state),
                               time.monotonic() - started, reason)

@@ -203,7 +203,7 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("clean.retry", CE, "WAITING_IDLE", I.DEADLINE, "CLEANING", guards=("backoff_timer",),
         commands=("send_cleanup",)),
     row("clean.deadline", CE, "CLEANING WAITING_IDLE", I.DEADLINE, "RECORDING_UNKNOWN", guards=("engine_timer",),
-        commands=("submit_unknown", "arm_report"),
+        commands=("disarm_backoff", "submit_unknown", "arm_report"),
         doc="The cleanup deadline: a call still in flight counts for nothing (its late answer lands on a late "
             "row); the placement is recorded UNKNOWN and stays CLEANING in the registry (capacity kept)."),
     row("cleaned.recorded", CE, "RECORDING", I.ANSWER, "CLEANED", guards=("answers_cleaned",),

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from versioned_lora.spec.drivers import DRIVER_ROWS, NOT_POSSIBLE, PHASES, Driver, DriverRow, uncovered_driver_pairs
 from versioned_lora.spec.events import EVENT_MACHINE
 from versioned_lora.spec.states import INITIAL_STATES, PSEUDO_STATES, SAME, WILDCARD, Machine, wildcard_states
 from versioned_lora.spec.table import ROWS, Row, uncovered_pairs
@@ -86,9 +87,37 @@ def render_transition_table(rows: tuple[Row, ...] = ROWS) -> str:
     return "\n".join(out) + "\n"
 
 
+def render_drivers(rows: tuple[DriverRow, ...] = DRIVER_ROWS) -> str:
+    """The driver machines (spec/drivers.py): one diagram each, then every row."""
+    out = [GENERATED.replace("table.py", "drivers.py"), "", "# Driver machines", ""]
+    out.append(
+        "What the Publisher's commit/abort/cleanup and the Reclaimer decide, as rows: the runtime only executes "
+        "their commands (`runtime/driver_loop.py`), the model checker runs the same rows (`model_checks/drivers.py`)."
+        " Diagrams draw the rows that move; the table lists every row, including those that change nothing."
+    )
+    for machine in Driver:
+        out += ["", f"## {machine.value}", "", "```mermaid", "stateDiagram-v2", f"    [*] --> {PHASES[machine][0]}"]
+        edges = [(source, source if r.target == SAME else r.target, f"{r.input.value} ({r.id})")
+                 for r in rows if r.machine is machine and r.target != SAME for source in r.expanded_sources()]
+        out += [f"    {source} --> {target}: {label}" for source, target, label in dict.fromkeys(edges)]
+        out.append("```")
+    out += ["", "## Rows", "", "| id | machine | from | input | to | guards | commands | report | why |",
+            "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        cells = (f"`{r.id}`", r.machine.value, _cell(r.sources), r.input.value, _cell(r.target), _cell(r.guards),
+                 _cell(r.commands), _cell(r.report.value if r.report else ""), r.doc)
+        out.append("| " + " | ".join(cells) + " |")
+    out += ["", "## Pairs with no row", "", "Each is one an executor following `driver_loop.py` cannot reach "
+            "(reaching one raises `ProtocolError`):", ""]
+    out += [f"- {key}: {why}" for key, why in NOT_POSSIBLE.items()]
+    out += [""] + [f"- `{m.value}` `{phase}` + `{inp.value}`" for m, phase, inp in uncovered_driver_pairs(rows)]
+    return "\n".join(out) + "\n"
+
+
 def documents(rows: tuple[Row, ...] = ROWS) -> dict[str, str]:
     """File name (under docs/) -> content."""
     return {
         "state-machines.md": render_state_machines(rows),
         "transition-table.md": render_transition_table(rows),
+        "drivers.md": render_drivers(),
     }
