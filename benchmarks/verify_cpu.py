@@ -12,12 +12,13 @@ over the same landing, in an order rotated every rep so that drift of the host's
 - `pool v1` / `pool v2`: after the last bucket, every tensor hashed on the hashing pool
   (`hashing.hash_tensors`), then compared: parallel, not pipelined;
 - `pipelined v1` / `pipelined v2`: the engine's own `StashVerifier`, each bucket hashed as it lands
-  (`verify_bench.pipelined_verify`).
+  (`verify_bench.pipelined_verify`); `pipelined v2 1t` the same on a pool of one thread.
 
-Per variant and rep: `tail` = last bucket landed -> verified (wall s); `cpu` = the process's CPU-seconds
-(every thread) from the first byte to the verdict; `hash cpu` = `cpu` minus the same rep's `receive` cpu,
-the CPU-seconds the verification itself costs. Ratios are to `serial v1` of the same rep; medians over reps
-with 95% bootstrap intervals (resampling reps). Not a test: nothing is asserted. Last line:
+Per variant and rep: `land` = first byte sent -> last bucket landed, `tail` = last bucket landed -> verified
+(wall s); `cpu` = the process's CPU-seconds (every thread) from the first byte to the verdict; `hash cpu` =
+`cpu` minus the same rep's `receive` cpu, the CPU-seconds the verification itself costs. Ratios are to
+`serial v1` of the same rep; medians over reps with 95% bootstrap intervals (resampling reps).
+Not a test: nothing is asserted. Last line:
     tail_ratio_v2=… hash_cpu_ratio_v2=… tail_ratio_v1=… hash_cpu_ratio_v1=… serial_tail_s=… commit=…
 
     python benchmarks/verify_cpu.py [--reps 9] [--out benchmarks/results/FILE.txt]
@@ -42,22 +43,25 @@ from gpu_validation.transfer_bench import ALL_LINEAR, Case, MiB, synthetic_tenso
 from gpu_validation.verify_bench import CONFIG, GlooWire, pipelined_verify, serial_verify
 
 BASELINE = "serial v1"
+MEASURED_CODE = ("versioned_lora/adapters", "gpu_validation", "benchmarks")
 
 
 def commit() -> str:
-    """HEAD's short hash, with "+dirty" when tracked files differ from it."""
+    """HEAD's short hash, with "+dirty" when files this benchmark runs (the hashing, the verifier, the
+    benchmarks) differ from it; other sessions' uncommitted work elsewhere in the tree does not count."""
     root = Path(__file__).resolve().parents[1]
     head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                           capture_output=True, text=True)  # fmt: skip
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED_CODE],
+                           cwd=root, capture_output=True, text=True)  # fmt: skip
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
 
 
 def receive_only(plan: Any, wire: GlooWire) -> dict[str, float]:
     held: dict[int, Any] = {}
     c0 = time.process_time()
-    _, t_last = wire.land(plan, "sha256", held.__setitem__)
-    return {"verify_s": time.perf_counter() - t_last, "cpu_s": time.process_time() - c0}
+    t_first, t_last = wire.land(plan, "sha256", held.__setitem__)
+    t_done = time.perf_counter()
+    return {"verify_s": t_done - t_last, "first_s": t_done - t_first, "cpu_s": time.process_time() - c0}
 
 
 def pooled_verify(manifest: Any, plan: Any, wire: GlooWire, threads: int | None) -> dict[str, float]:
@@ -68,11 +72,12 @@ def pooled_verify(manifest: Any, plan: Any, wire: GlooWire, threads: int | None)
 
     held: dict[int, Any] = {}
     c0 = time.process_time()
-    _, t_last = wire.land(plan, manifest.hash_kind, held.__setitem__)
+    t_first, t_last = wire.land(plan, manifest.hash_kind, held.__setitem__)
     tensors = received_tensors(plan, held)
     described = {name: (str(t.dtype).removeprefix("torch."), tuple(t.shape)) for name, t in tensors.items()}
     raise_mismatches(manifest, described, hashing.hash_tensors(tensors, manifest.hash_kind, threads), manifest.digest)
-    return {"verify_s": time.perf_counter() - t_last, "cpu_s": time.process_time() - c0}
+    t_done = time.perf_counter()
+    return {"verify_s": t_done - t_last, "first_s": t_done - t_first, "cpu_s": time.process_time() - c0}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,6 +122,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         "serial v2": lambda: serial_verify(v2, plans[V2_HASH], (), torch.device("cpu"), wire),
         "pool v2": lambda: pooled_verify(v2, plans[V2_HASH], wire, args.threads),
         "pipelined v2": lambda: pipelined_verify(v2, plans[V2_HASH], (), torch.device("cpu"), args.threads, wire),
+        # The same with a pool of one thread: the hashing never takes both cores from the receive.
+        "pipelined v2 1t": lambda: pipelined_verify(v2, plans[V2_HASH], (), torch.device("cpu"), 1, wire),
     }
     names = list(variants)
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
@@ -127,20 +134,23 @@ def main(argv: Sequence[str] | None = None) -> int:
             continue  # warm-up: pool threads, gloo buffers, page faults of fresh receive buffers
         for name, run in measured.items():
             run["hash_cpu_s"] = run["cpu_s"] - measured["receive"]["cpu_s"]
+            run["land_s"] = run["first_s"] - run["verify_s"]  # first byte sent -> last bucket seen landed
             runs[name].append(run)
         say(f"# rep {rep}: " + "  ".join(f"{n} {measured[n]['verify_s']:.3f}/{measured[n]['cpu_s']:.3f}"
                                         for n in names))  # fmt: skip
     wire.close()
 
     say("# per variant: median [95% interval] over reps; tail = last bucket landed -> verified (s); cpu = process "
-        "CPU-s first byte -> verdict; hash cpu = cpu - that rep's receive cpu; ratios to serial v1, rep by rep")
-    say(f"{'variant':<14}{'tail s':>24}{'cpu s':>24}{'hash cpu s':>24}{'tail/serial v1':>24}"
+        "CPU-s first byte -> verdict; hash cpu = cpu - that rep's receive cpu; land = first byte -> last bucket "
+        "landed; ratios to serial v1, rep by rep")
+    say(f"{'variant':<16}{'land s':>24}{'tail s':>24}{'cpu s':>24}{'hash cpu s':>24}{'tail/serial v1':>24}"
         f"{'hash cpu/serial v1':>24}")
     base = runs[BASELINE]
     summary: dict[str, dict[str, tuple[float, float, float]]] = {}
     for name in names:
         own = runs[name]
         row = {
+            "land": bootstrap_median([r["land_s"] for r in own]),
             "tail": bootstrap_median([r["verify_s"] for r in own]),
             "cpu": bootstrap_median([r["cpu_s"] for r in own]),
             "hash_cpu": bootstrap_median([r["hash_cpu_s"] for r in own]),
@@ -149,7 +159,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         }
         summary[name] = row
         ratios = ("", "") if name == "receive" else (fmt_interval(row["tail_ratio"]), fmt_interval(row["cpu_ratio"]))
-        say(f"{name:<14}{fmt_interval(row['tail']):>24}{fmt_interval(row['cpu']):>24}"
+        say(f"{name:<16}{fmt_interval(row['land']):>24}{fmt_interval(row['tail']):>24}{fmt_interval(row['cpu']):>24}"
             f"{fmt_interval(row['hash_cpu']):>24}{ratios[0]:>24}{ratios[1]:>24}")  # fmt: skip
     say(f"# wall {time.perf_counter() - started:.1f}s; load average at the end {os.getloadavg()[0]:.2f}")
     say(f"tail_ratio_v2={summary['pipelined v2']['tail_ratio'][0]:.3f} "
