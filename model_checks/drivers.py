@@ -27,6 +27,9 @@ Properties, on every reachable world:
   report_is_true           COMMITTED / FAILED_CLEAN / RECLAIMED are reported only when the registry says so
   rejected_changes_nothing a REJECTED reclaim sent nothing to any engine
   abort_never_commits      a settle started to abort (its staging failed) never sends a commit
+  sub_state_is_true        an engine counted CLEANED / CONFIRMED is recorded so in the registry
+  one_call_at_a_time       the driver never sends a call again while the same call is in flight (a retry
+                           follows its Lost; checked where the network duplicates nothing)
   timers_follow_calls      no timer outlives the call it bounds (a finished sub-machine, or a coordinator
                            past its own call, has none armed)
   unknown_keeps_capacity   a settle that reported UNKNOWN never freed the slot on the strength of a guess
@@ -57,11 +60,13 @@ from versioned_lora.lifecycle.drivers import (
     Call,
     Cancel,
     CleanupEngine,
+    CleanupEngineState,
     Deadline,
     Disarm,
     Drivers,
     Lost,
     ReclaimEngine,
+    ReclaimEngineState,
     Refusal,
     Reply,
     Report,
@@ -128,6 +133,8 @@ class World:
     reports: tuple[Report, ...]
     budget: Budget
     requests: tuple[tuple[int, str], ...] = ()  # generation requests holding a native ref: (engine index, lora)
+    flags: tuple[str, ...] = ()  # problems seen while the driver reacted (checked with the state's)
+    dups_spent: bool = False
 
 
 # ---------------------------------------------------------------- scenarios, built with the real tables
@@ -242,7 +249,12 @@ class DriverSystem:
         for row in step.fired:
             self.fired[row] = self.fired.get(row, 0) + 1
         net, timers, reports = list(w.net), set(w.timers), list(w.reports)
+        flags = list(w.flags)
         for c in step.commands:
+            if isinstance(c, (Submit, CleanupEngine, ReclaimEngine)) and not w.dups_spent and any(
+                    (kind == "req" and m.call == c.call) or (kind == "rep" and getattr(m, "call", None) == c.call)
+                    for kind, m in w.net):
+                flags.append(f"one_call_at_a_time: {c.call} sent again while in flight")
             if isinstance(c, Arm):
                 timers.add(c.timer)
             elif isinstance(c, Disarm):
@@ -253,7 +265,8 @@ class DriverSystem:
                 net.append(("req", c))
         if is_done(step.state):  # the loop ends: its timers are cancelled, late replies land nowhere
             timers.clear()
-        w = attrs.evolve(w, driver=step.state, net=_sorted(net), timers=frozenset(timers), reports=tuple(reports))
+        w = attrs.evolve(w, driver=step.state, net=_sorted(net), timers=frozenset(timers), reports=tuple(reports),
+                         flags=tuple(flags))
         return w, step.fired
 
     # ---- a request reaches the registry or an engine: the real tables answer
@@ -315,7 +328,7 @@ class DriverSystem:
                     yield f"lose request {payload}", attrs.evolve(
                         base, net=_sorted((*base.net, ("rep", Lost(payload.call)))), budget=spent)
             if b.dups and not isinstance(payload, (Deadline, Cancel)):  # local inputs: never duplicated
-                yield f"dup {message}", attrs.evolve(w, net=_sorted((*w.net, message)),
+                yield f"dup {message}", attrs.evolve(w, net=_sorted((*w.net, message)), dups_spent=True,
                                                      budget=attrs.evolve(b, dups=b.dups - 1))
         # A timer that fires puts its Deadline in the driver's inbox (the network here): it may be there
         # already when the reply it was meant to bound arrives, and is then answered by a "late" row.
@@ -371,6 +384,16 @@ class DriverSystem:
             if sub.phase in TERMINAL[MACHINE_OF[type(sub)]] and any(t.engine == name for t in w.timers):
                 out.append(f"timers_follow_calls: {name} is {sub.phase} with a timer still armed")
         target = w.driver.version
+        for name, sub in d.engines.items():
+            if isinstance(sub, CleanupEngineState) and sub.phase == "CLEANED":
+                placement = reg.placements.get((target, name))
+                if placement is None or placement.state is not PlacementState.CLEANED:
+                    out.append(f"sub_state_is_true: {name} counted CLEANED, the registry has "
+                               f"{None if placement is None else placement.state}")
+            if isinstance(sub, ReclaimEngineState) and sub.phase == "CONFIRMED" and (
+                    name not in reg.versions[target].reclaim_confirmed):
+                out.append(f"sub_state_is_true: {name} counted CONFIRMED, the registry has no confirm from it")
+        out += list(w.flags)
         state = reg.versions[target].state if target in reg.versions else None
         for report in w.reports:
             wanted = {DriverOutcome.COMMITTED: COMMITTED, DriverOutcome.FAILED_CLEAN: {VersionState.FAILED_CLEAN},

@@ -32,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from model_checks.drivers import DEFENSIVE_ROWS, DIGESTS, DRIVER_BOUNDS, ENGINES, SCENARIOS, DriverSystem, check
 from versioned_lora.lifecycle.drivers import BUILDERS, GUARDS, CleanupEngineState, Drivers, _cleanup_command
 from versioned_lora.lifecycle.effects import CleanupOnEngine
-from versioned_lora.spec.drivers import DRIVER_ROWS, PHASES, DriverOutcome, DriverRow
+from versioned_lora.spec.drivers import DRIVER_ROWS, PHASES, Driver, DriverOutcome, DriverRow
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.states import SAME
 
@@ -41,8 +41,6 @@ OPERATORS = ("change_target", "change_report", "drop_command", "add_command", "d
 EQUIVALENT: dict[str, str] = {
     "add_command unload.done: note_reclaimed": "note_reclaimed reads a confirm's registry answer; on the "
     "engine's reclaim answer it leaves the state as it is",
-    "drop_command commit.refused: disarm": "the row arms the same commit timer again (arm_commit), and an Arm "
-    "replaces an armed timer: Disarm then Arm is Arm",
 }
 
 
@@ -70,7 +68,8 @@ def draw(rng: random.Random) -> Mutant:
             target = rng.choice(options)
             return Mutant(f"change_target {r.id}: {r.target} -> {target}",
                           _replace(rows, i, attrs.evolve(r, target=target)))
-        if op == "change_report" and r.changes_state:
+        if op == "change_report" and r.changes_state and r.machine in (Driver.SETTLE, Driver.RECLAIM):
+            # (only coordinators report; a sub-machine's row has no report to change)
             options = [None, *DriverOutcome]
             options.remove(r.report)
             report = rng.choice(options)

@@ -333,7 +333,6 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "submit_claim": _submit_claim,
     "arm_claim": lambda s, sub, i: (s, (Arm(Timer("claim"), "commit"),)),
     "start_reclaims": _start_reclaims,
-    "disarm_all": lambda s, sub, i: (s, tuple(Disarm(Timer("engine", e)) for e in sorted(s.engines))),
     # ---- sub-machines
     "send_cleanup": lambda e, sub, i: (e, (_cleanup_command(e),)),
     "arm_backoff": lambda e, sub, i: (e, (Arm(Timer("backoff", e.order.engine), "retry_pause"),)),

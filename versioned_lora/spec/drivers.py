@@ -30,6 +30,9 @@ SAME and that has no commands and no report changes nothing: the answer to a lat
 input. Only such rows may use the wildcard source. A (phase, input) pair that no row covers is a bug in
 the executor and raises the one `ProtocolError`.
 
+A driver in a terminal phase is finished: its executor cancels every timer it still has armed, so rows
+into a terminal phase disarm nothing.
+
 What "unknown" means here (RFC §3.4, DESIGN.md §1): a call whose outcome is unknown keeps the resource
 and the capacity. A commit that may have landed is never aborted; an abort whose reply is lost or that
 was refused cleans nothing; a claim whose reply is lost reclaims nothing. The model checker
@@ -141,9 +144,9 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("settle.abort", SE, "IDLE", I.START, "ABORTING", commands=("submit_abort", "arm_commit"),
         doc="Staging failed before any commit was sent: the attempt is certainly not committed."),
     row("commit.committed", SE, "COMMITTING COMMIT_UNRESOLVED", I.ANSWER, "DONE", guards=("answers_commit",),
-        commands=("disarm",), report=O.COMMITTED),
+        report=O.COMMITTED),
     row("commit.refused", SE, "COMMITTING COMMIT_UNRESOLVED", I.REFUSAL, "ABORTING", guards=("answers_commit",),
-        commands=("disarm", "submit_abort", "arm_commit"),
+        commands=("submit_abort", "arm_commit"),
         doc="A certain refusal (not ready everywhere, revision moved): the commit did not land; abort."),
     row("commit.lost", SE, "COMMITTING COMMIT_UNRESOLVED", I.LOST, SAME, guards=("answers_commit",),
         commands=("submit_commit",),
@@ -162,9 +165,9 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         commands=("disarm", "start_cleanups"),
         doc="Clean exactly the engines the abort's answer names, with the capability it signed."),
     row("abort.already_clean", SE, "ABORTING", I.ANSWER, "DONE", guards=("answers_abort", "abort_says_clean"),
-        commands=("disarm",), report=O.FAILED_CLEAN,
+        report=O.FAILED_CLEAN,
         doc="A replayed abort of an attempt already clean (abort.replay_clean): nothing is left."),
-    row("abort.refused", SE, "ABORTING", I.REFUSAL, "DONE", guards=("answers_abort",), commands=("disarm",),
+    row("abort.refused", SE, "ABORTING", I.REFUSAL, "DONE", guards=("answers_abort",),
         report=O.UNKNOWN,
         doc="E.g. abort.after_commit: the commit landed and its reply was lost. Nothing is cleaned."),
     row("abort.lost", SE, "ABORTING", I.LOST, SAME, guards=("answers_abort",), commands=("submit_abort",),
@@ -232,20 +235,20 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         commands=("disarm", "start_reclaims"),
         doc="Reclaim on exactly the engines the claim's answer names, with the capability it signed."),
     row("claim.already_done", RC, "CLAIMING", I.ANSWER, "DONE", guards=("answers_claim", "claim_says_reclaimed"),
-        commands=("disarm",), report=O.RECLAIMED, doc="claim.replay_done: every engine confirmed before."),
-    row("claim.refused", RC, "CLAIMING", I.REFUSAL, "DONE", guards=("answers_claim",), commands=("disarm",),
+        report=O.RECLAIMED, doc="claim.replay_done: every engine confirmed before."),
+    row("claim.refused", RC, "CLAIMING", I.REFUSAL, "DONE", guards=("answers_claim",),
         report=O.REJECTED, doc="E.g. claim.in_use: nothing was unloaded."),
     row("claim.lost", RC, "CLAIMING", I.LOST, SAME, guards=("answers_claim",), commands=("submit_claim",)),
     row("claim.deadline", RC, "CLAIMING", I.DEADLINE, "DONE", guards=("claim_timer",), report=O.UNKNOWN,
         doc="The claim may have landed: nothing is sent to any engine on the strength of it."),
-    row("claim.cancel", RC, "CLAIMING", I.CANCEL, "DONE", commands=("disarm",), report=O.UNKNOWN),
+    row("claim.cancel", RC, "CLAIMING", I.CANCEL, "DONE", report=O.UNKNOWN),
     row("reclaiming.all_confirmed", RC, "RECLAIMING", I.SETTLED, "DONE",
         guards=("reclaims_settled", "registry_says_reclaimed"), report=O.RECLAIMED,
         doc="The last confirm's answer says RECLAIMED: every engine unloaded, the slot is free."),
     row("reclaiming.unconfirmed", RC, "RECLAIMING", I.SETTLED, "DONE", guards=("reclaims_settled",),
         report=O.PENDING, doc="Some engine did not confirm: the slot stays taken; reclaim again."),
     late("reclaiming.waiting", RC, "RECLAIMING", I.SETTLED),
-    row("reclaiming.cancel", RC, "RECLAIMING", I.CANCEL, "DONE", commands=("disarm_all",), report=O.PENDING),
+    row("reclaiming.cancel", RC, "RECLAIMING", I.CANCEL, "DONE", report=O.PENDING),
     late("reclaim.late_reply", RC, "RECLAIMING DONE", I.ANSWER),
     late("reclaim.late_refusal", RC, "RECLAIMING DONE", I.REFUSAL),
     late("reclaim.late_lost", RC, "RECLAIMING DONE", I.LOST),
