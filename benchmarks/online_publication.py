@@ -51,7 +51,7 @@ from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.report import jsonable
-from versioned_lora.demo.stack import PROBE_PROMPT, Stack, ensure_ray, load_fixtures, new_token, start_engines
+from versioned_lora.demo.stack import PROBE_PROMPT, Stack, ensure_ray, new_token, start_engines
 from versioned_lora.demo.traffic import (
     ClosedLoopTraffic,
     ProgressMonitor,
@@ -62,6 +62,7 @@ from versioned_lora.demo.traffic import (
     percentile,
     tool_with_latency,
 )
+from versioned_lora.fixtures import FIXTURE_NAMES, TINY, build_fixtures
 from versioned_lora.lifecycle import SessionKey, VersionKey
 from versioned_lora.runtime.agentic_driver import AgenticDriver
 from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse
@@ -484,6 +485,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="window 8 s, offset 2 s, warm-up 4 s")
     parser.add_argument("--engines", help="attach to running engines: URL0,URL1 (default: start two)")
     parser.add_argument("--token", help="managed-endpoint token of the attached engines")
+    parser.add_argument("--fixture", default=TINY, choices=FIXTURE_NAMES,
+                        help="model and adapters A/B (qwen3-0.6b-shape: r=64 on all seven modules, ~80 MB)")
     args = parser.parse_args(argv)
     if args.quick:
         args.window, args.offset, args.warmup = 8.0, 2.0, 4.0
@@ -491,8 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print(f"design (fixed before the run): {args.pairs} pairs per mode, alternating; window {args.window}s; "
           f"publication at +{args.offset}s; warm-up {args.warmup}s discarded before every pair; "
-          f"{args.concurrency} closed-loop agentic sessions; buckets <= {args.bucket_bytes} bytes", flush=True)
-    fixtures = load_fixtures()
+          f"{args.concurrency} closed-loop agentic sessions; buckets <= {args.bucket_bytes} bytes; "
+          f"fixture {args.fixture}", flush=True)
+    fixtures = build_fixtures(fixture=args.fixture)
     started_ray = ensure_ray()
     engines = []
     try:

@@ -47,7 +47,8 @@ def start_engines(
     env = {TOKEN_ENV: token, **({KEY_FILE_ENV: str(capability_key_file)} if capability_key_file else {})}
     for index in range(count):
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
-                                    log_path=log_dir / f"E{index}.log", env=env))
+                                    log_path=log_dir / f"E{index}.log", max_lora_rank=fixtures.lora_rank,
+                                    lora_target_modules=fixtures.target_modules, env=env))
         time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     return start_all(configs)
 
