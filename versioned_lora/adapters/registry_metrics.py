@@ -127,6 +127,6 @@ class RegistryMetrics:
                 continue
             if version.state in PUBLICATION_OUTCOMES:
                 self._metric("publications_total").inc(
-                    tags={"outcome": PUBLICATION_OUTCOMES[version.state], "reason": ""})
+                    tags={"outcome": PUBLICATION_OUTCOMES[version.state], "reason": "none"})
             elif version.state in RECLAIM_OUTCOMES:
-                self._metric("reclaims_total").inc(tags={"outcome": RECLAIM_OUTCOMES[version.state], "reason": ""})
+                self._metric("reclaims_total").inc(tags={"outcome": RECLAIM_OUTCOMES[version.state], "reason": "none"})

@@ -21,6 +21,7 @@ from versioned_lora.sglang_patches.managed import (
     endpoints,
     generate_gate,
     guards,
+    metrics,
     scheduler_side,
     staging_channel,
 )
@@ -82,6 +83,7 @@ def apply(role: str) -> None:
     generate_gate.install(limits=_limits)
     endpoints.install(http_server.app, _LazyEngine())  # type: ignore[arg-type]
     introspection.STATUS_EXTENSIONS.append(lambda _tm: endpoints.status_extension(current_engine()))
+    metrics.install(lambda: current_engine().status())  # /metrics, when the engine runs with --enable-metrics
 
 
 def _install_refcount_mirror(registry_class: Any) -> None:

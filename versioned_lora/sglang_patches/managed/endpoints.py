@@ -26,7 +26,7 @@ from fastapi import Request  # module level: FastAPI resolves the endpoint's ann
 from versioned_lora import capabilities
 from versioned_lora.adapters.manifest import KNOWN_HASH_KINDS, Manifest, ManifestError, UnsupportedManifest
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
-from versioned_lora.sglang_patches.managed import audit, fields, staging_channel
+from versioned_lora.sglang_patches.managed import audit, fields, metrics, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import (
     CandidateRefused,
     EngineOperationError,
@@ -308,21 +308,26 @@ def install(app: Any, engine: ManagedEngine) -> None:
     def envelope(status: int, **payload: Any) -> Any:
         return ORJSONResponse({"incarnation": engine.incarnation, **payload}, status_code=status)
 
+    def refusal(path: str, status: int, error: dict[str, Any]) -> Any:
+        # Counted for /metrics (managed/metrics.py): the endpoint is one of the fixed routes below.
+        metrics.count_refusal(path.rsplit("/", 1)[-1], error.get("reason", "OTHER"))
+        return envelope(status, error=error)
+
     def route(
         handler: Callable[[dict[str, Any]], Any], max_body: int = MAX_CONTROL_BODY
     ) -> Callable[[Request], Awaitable[Any]]:
-        def too_large(size: int) -> Any:
-            return envelope(413, error={"reason": "BODY_TOO_LARGE", "message": f"{size} bytes > {max_body}"})
+        def too_large(path: str, size: int) -> Any:
+            return refusal(path, 413, {"reason": "BODY_TOO_LARGE", "message": f"{size} bytes > {max_body}"})
 
         async def endpoint(request: Request) -> Any:
             if not token_matches(request.headers.get(TOKEN_HEADER, ""), secret):
-                return envelope(401, error={"reason": "UNAUTHORIZED", "message": "bad or missing token"})
+                return refusal(request.url.path, 401, {"reason": "UNAUTHORIZED", "message": "bad or missing token"})
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_body:  # refused before reading it
-                return too_large(int(declared))
+                return too_large(request.url.path, int(declared))
             raw = await request.body()
             if len(raw) > max_body:
-                return too_large(len(raw))
+                return too_large(request.url.path, len(raw))
             body: Any = None
             try:
                 import orjson
@@ -334,24 +339,26 @@ def install(app: Any, engine: ManagedEngine) -> None:
                 if isinstance(result, Awaitable):
                     result = await result
             except BadRequest as exc:
-                return envelope(exc.status, error=exc.payload())
+                return refusal(request.url.path, exc.status, exc.payload())
             except ProtocolRefusal as exc:
-                return envelope(409, error={"reason": str(exc.rejected.reason), "row": exc.rejected.row,
+                return refusal(request.url.path, 409, {"reason": str(exc.rejected.reason),
+                                                       "row": exc.rejected.row,
                                             "message": str(exc)})
             except CandidateRefused as exc:
-                return envelope(422, error={"reason": exc.code, "message": str(exc)})
+                return refusal(request.url.path, 422, {"reason": exc.code, "message": str(exc)})
             except EngineOperationError as exc:
-                return envelope(500, error={"reason": exc.code, "message": str(exc)})
+                return refusal(request.url.path, 500, {"reason": exc.code, "message": str(exc)})
             except StagingFailed as exc:
-                return envelope(504 if exc.code == "BUCKET_DEADLINE" else 502,
-                                error={"reason": exc.code, "message": str(exc)})
+                return refusal(request.url.path, 504 if exc.code == "BUCKET_DEADLINE" else 502,
+                               {"reason": exc.code, "message": str(exc)})
             except SchedulerCallFailed as exc:
-                return envelope(500, error={"reason": "SCHEDULER_CALL_FAILED", "message": str(exc)})
+                return refusal(request.url.path, 500, {"reason": "SCHEDULER_CALL_FAILED", "message": str(exc)})
             except ValueError as exc:  # orjson.JSONDecodeError is a ValueError: not JSON, NaN, non-UTF-8, too deep
-                return envelope(400, error={"reason": "MALFORMED_REQUEST", "message": str(exc)})
+                return refusal(request.url.path, 400, {"reason": "MALFORMED_REQUEST", "message": str(exc)})
             except Exception as exc:  # a bug: still a typed answer, never a raw traceback past the handler
                 logger.exception("versioned-lora managed endpoint %s failed", request.url.path)
-                return envelope(500, error={"reason": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"})
+                return refusal(request.url.path, 500,
+                               {"reason": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"})
             return envelope(200, result=_to_json(result), adapter=_adapter_view(engine, body))
 
         return endpoint

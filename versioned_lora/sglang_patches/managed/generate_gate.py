@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from versioned_lora.sglang_patches.managed import fields
+from versioned_lora.sglang_patches.managed import fields, metrics
 from versioned_lora.sglang_patches.managed.fields import BadRequest
 from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.mechanism import replace_attribute
@@ -59,6 +59,7 @@ class RequestRefused(ValueError):
     def __init__(self, refusal: BadRequest) -> None:
         super().__init__(f"{refusal.code}: {refusal}")
         self.refusal = refusal
+        metrics.count_refusal("generate", refusal.code)  # raised once per refused request (managed/metrics.py)
 
 
 class Limits:
@@ -205,6 +206,7 @@ def install(limits: Callable[[], Limits]) -> None:
         try:
             check_body(body, limits())
         except BadRequest as exc:
+            metrics.count_refusal("generate", exc.code)
             return exc.payload()
         stock = stock_contract(body)
         return None if stock is None else {"reason": "MALFORMED_REQUEST", "message": str(stock)}

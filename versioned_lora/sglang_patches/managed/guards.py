@@ -30,6 +30,9 @@ class ManagedVersionUnavailable(ValueError):
     status_code = HTTPStatus.CONFLICT
 
     def __init__(self, name: str, state: str) -> None:
+        from versioned_lora.sglang_patches.managed import metrics
+
+        metrics.count_refusal("generate", "VERSION_UNAVAILABLE")  # raised once per refused request
         super().__init__(
             f"VERSION_UNAVAILABLE: managed LoRA version {name!r} is {state} on this engine; it is never "
             f"reloaded implicitly and requests are not rerouted to another version"
