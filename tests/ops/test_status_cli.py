@@ -5,6 +5,10 @@ it produced. The expected rows are built here from the raw payloads, not by the 
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
+import sys
 from typing import Any
 
 from engine_helpers import run
@@ -200,6 +204,36 @@ def test_status_terminal_table_names_versions_engines_and_what_blocks(engines, f
             assert a.lora_name in text and b.lora_name in text and a.digest[:12] in text
             assert "CAPACITY_FULL" in text and "RETIRED" in text and "PUBLISHED" in text
             await d.binder.finish(session)
+
+    run(body())
+
+
+def test_status_watch_refreshes_until_interrupted(engines, fixtures, tmp_path) -> None:
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            b_version, b = d.candidate("B")
+            assert (await d.publisher.publish(a_version, a)).committed
+            env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+            child = await asyncio.create_subprocess_exec(
+                sys.executable, "-m", "versioned_lora.cli", "status", "--watch", "--interval", "0.5",
+                *connection_args(d, tmp_path, token=False), env=env, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.PIPE)
+            seen = ""
+            try:
+                assert child.stdout is not None
+                while "default A (revision 1)" not in seen:
+                    seen += (await asyncio.wait_for(child.stdout.readline(), 120)).decode()
+                assert (await d.publisher.publish(b_version, b)).committed
+                while "default B (revision 2)" not in seen:  # a later refresh shows the new default
+                    seen += (await asyncio.wait_for(child.stdout.readline(), 120)).decode()
+                child.send_signal(signal.SIGINT)
+                assert await asyncio.wait_for(child.wait(), 60) == 0
+            finally:
+                if child.returncode is None:
+                    child.kill()
+                    await child.wait()
+            assert seen.count("--- ") >= 2
 
     run(body())
 
