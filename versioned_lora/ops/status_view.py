@@ -96,9 +96,9 @@ def _blocking(view: PublicationView, ops: OperationsView, engines: Sequence[dict
     for key, version in sorted(view.versions.items()):
         vid = key.version_id
         unknown = sorted(e for e, p in version.placements.items() if p.state is PlacementState.UNKNOWN)
-        for engine in unknown:
-            block(BlockingKind.OUTCOME_UNKNOWN, f"{vid} on {engine}: an outcome there could not be confirmed; "
-                  "the slot stays taken", "versioned-lora resolve", vid, engine)
+        for name in unknown:
+            block(BlockingKind.OUTCOME_UNKNOWN, f"{vid} on {name}: an outcome there could not be confirmed; "
+                  "the slot stays taken", "versioned-lora resolve", vid, name)
         if version.state is VersionState.LOADING:
             not_ready = sorted(e for e, p in version.placements.items() if p.state is not PlacementState.READY)
             if not_ready:
@@ -125,14 +125,14 @@ def _blocking(view: PublicationView, ops: OperationsView, engines: Sequence[dict
                 else "no retired version is free of sessions yet")
         block(BlockingKind.CAPACITY_FULL, f"{ops.occupied}/{ops.capacity} slots held; the next reserve is refused "
               f"with CAPACITY_ERROR ({hint})", "versioned-lora reclaim", None)
-    for engine in engines:
-        if not engine["reachable"]:
-            block(BlockingKind.ENGINE_UNREACHABLE, f"{engine['name']} ({engine['url']}): {engine['error']}",
-                  "check the engine process and its log", None, engine["name"])
-        elif engine["registry_incarnation"] is not None and engine["incarnation"] != engine["registry_incarnation"]:
-            block(BlockingKind.INCARNATION_MISMATCH, f"{engine['name']} runs incarnation {engine['incarnation']}, "
-                  f"the registry knows {engine['registry_incarnation']}", "versioned-lora resolve", None,
-                  engine["name"])
+    for row in engines:
+        if not row["reachable"]:
+            block(BlockingKind.ENGINE_UNREACHABLE, f"{row['name']} ({row['url']}): {row['error']}",
+                  "check the engine process and its log", None, row["name"])
+        elif row["registry_incarnation"] is not None and row["incarnation"] != row["registry_incarnation"]:
+            block(BlockingKind.INCARNATION_MISMATCH, f"{row['name']} runs incarnation {row['incarnation']}, "
+                  f"the registry knows {row['registry_incarnation']}", "versioned-lora resolve", None,
+                  row["name"])
     return found
 
 

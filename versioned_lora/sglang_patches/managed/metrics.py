@@ -100,8 +100,8 @@ def install(managed_status: Callable[[], dict[str, Any]]) -> None:
         from starlette.routing import Mount
 
         registry = CollectorRegistry()
-        multiprocess.MultiProcessCollector(registry)
-        registry.register(ManagedCollector(managed_status))  # type: ignore[arg-type]
+        multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
+        registry.register(ManagedCollector(managed_status))
         route = Mount("/metrics", make_asgi_app(registry=registry))
         route.path_regex = re.compile("^/metrics(?P<path>.*)$")  # stock's workaround for the 307 redirect
         app.routes.append(route)
