@@ -24,6 +24,18 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from benchmarks.online_publication import AUDITED, bootstrap_median, fmt_interval, last_line, ratio
 
 RATIOS = ("tput_ratio", "rps_ratio", "p95_ratio", "gap_ratio")
+# A publication's phases as the Publisher times them (`PublishOutcome.phases`); "buckets" sums bucket_0..n.
+PHASES = ("reserve", "begin", "buckets", "end", "commit")
+
+
+def phase_seconds(publication: dict[str, Any]) -> dict[str, float]:
+    """One publication's seconds per phase of PHASES (a phase it never reached is left out)."""
+    phases: dict[str, float] = publication.get("phases") or {}
+    out = {name: phases[name] for name in PHASES if name in phases}
+    buckets = [seconds for name, seconds in phases.items() if name.startswith("bucket_")]
+    if buckets:
+        out["buckets"] = sum(buckets)
+    return out
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -35,13 +47,16 @@ def pool(reports: list[dict[str, Any]]) -> dict[str, Any]:
     modes: dict[str, Any] = {}
     for mode in ("managed", "baseline"):
         rows = [row for r in reports for row in r["modes"][mode]["pairs"]]
-        pubs = [p["seconds"] for r in reports for p in r["publications"]
-                if p["mode"] == mode and not p.get("bootstrap")]
+        measured = [p for r in reports for p in r["publications"] if p["mode"] == mode and not p.get("bootstrap")]
+        pubs = [p["seconds"] for p in measured]
+        timed = [phase_seconds(p) for p in measured]
         modes[mode] = {
             "pairs": len(rows),
             **{name: bootstrap_median([row[name] for row in rows]) for name in RATIOS},
             "publish_s": bootstrap_median(pubs),
             "publications": len(pubs),
+            "phases": {name: bootstrap_median([t[name] for t in timed if name in t]) for name in PHASES
+                       if any(name in t for t in timed)},
             **{k: sum(r["modes"][mode][k] for r in reports) for k in ("failed", "aborted", "unknown")},
             "audit": {k: sum(r["modes"][mode]["audit"][k] for r in reports) for k in AUDITED},
         }
@@ -59,6 +74,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{mode:8s} {m['pairs']} pairs, {m['publications']} publications: "
               + "  ".join(f"{name} {fmt_interval(m[name])}" for name in (*RATIOS, "publish_s"))
               + f"  failed {m['failed']} aborted {m['aborted']} unknown {m['unknown']}  audit {m['audit']}")
+        if m["phases"]:
+            timed = "  ".join(f"{name} {fmt_interval(v)}" for name, v in m["phases"].items())
+            print(f"{mode:8s} phases (s): {timed}")
     print(f"floor_s {fmt_interval(pooled['floor_s'])} over {pooled['floor_samples']} samples of {pooled['runs']} runs")
     print(last_line(pooled["modes"]["managed"], pooled["floor_ratio"]))
     return 0

@@ -68,3 +68,19 @@ def test_pooled_runs_take_medians_over_every_run_s_samples() -> None:
     assert bench.last_line(managed, pooled["floor_ratio"]) == (
         "tput_ratio=1.000 p95_ratio=1.000 gap_ratio=1.000 failed=0 aborted=0 pauses=0 publish_s=0.600 "
         "floor_ratio=1.500")
+
+
+def test_pooled_phases_sum_a_publication_s_buckets_and_skip_phases_it_never_reached() -> None:
+    pool_path = Path(__file__).resolve().parents[2] / "benchmarks" / "pool_reports.py"
+    spec = importlib.util.spec_from_file_location("pool_reports", pool_path)
+    assert spec is not None and spec.loader is not None
+    pool_reports = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(pool_reports)
+    assert pool_reports.phase_seconds({"phases": {"reserve": 0.1, "bucket_0": 0.2, "bucket_1": 0.3, "end": 0.4}}) == {
+        "reserve": 0.1, "buckets": 0.5, "end": 0.4}
+    report = _report([1.0], [0.5, 0.7], [0.3], aborted=0)
+    for publication, end in zip(report["publications"], (9.0, 0.2, 9.0, 0.6, 9.0), strict=True):
+        publication["phases"] = {"begin": 0.01, "bucket_0": 0.02, "end": end}
+    phases = pool_reports.pool([report])["modes"]["managed"]["phases"]
+    assert set(phases) == {"begin", "buckets", "end"}  # the bootstrap publication's 9 s end is not counted
+    assert phases["end"][0] == pytest.approx(0.4) and phases["buckets"][0] == pytest.approx(0.02)
