@@ -10,14 +10,16 @@ engines    each engine's EngineAdapterState (stepped by `CORE.engine_step`)
 driver     the driver's state (stepped by `DRIVERS.step`, or a mutant's rows)
 network    in-flight requests (the driver's commands) and replies (the driver's next inputs), a multiset
 timers     the timers the driver armed and has not disarmed
-budget     faults left: drops (a request lost, or its reply lost after it was applied), dups (a request
-           or reply delivered twice), deadlines (a timer fires early, while its call may still be in
-           flight), cancels (the caller stops waiting), releases (an in-flight request on an engine ends)
+budget     faults left: drops (a request lost, or its reply lost after it was applied), dups (a
+           request delivered twice: applied again, answered to no one), deadlines (a timer fires early,
+           while its call may still be in flight), cancels (the caller stops waiting), crashes (an
+           engine restarts and the registry adopts its new incarnation), releases (an in-flight
+           request on an engine ends)
 
 Actions: deliver any in-flight message (a request to its registry or engine, a reply to the driver),
-lose or duplicate one (budget), fire an armed timer (early: deadline budget; when nothing is in flight
-it is a real timeout and free; the short retry pause is always free), cancel, end a generation
-request. What the executor adds is exactly `driver_loop.DriverLoop._outcome`: a registry answer is
+lose a request or its reply, or duplicate a request (budget), fire an armed timer (early: deadline
+budget; when nothing is in flight it is a real timeout and free; the short retry pause is always
+free), cancel, end a generation request. What the executor adds is exactly `driver_loop.DriverLoop._outcome`: a registry answer is
 `Answer(Reply)`, an engine refusal `Refusal`, a lost reply `Lost`; the engine's reclaim call runs the
 adapter's ReclaimAdapter and, once drained, FinishUnload, and answers whether it is UNLOADED.
 
@@ -27,6 +29,8 @@ Properties, on every reachable world:
   report_is_true           COMMITTED / FAILED_CLEAN / RECLAIMED are reported only when the registry says so
   rejected_changes_nothing a REJECTED reclaim sent nothing to any engine
   abort_never_commits      a settle started to abort (its staging failed) never sends a commit
+  unknown_needs_a_fault    UNKNOWN is reported only after a fault (a loss, an early deadline, a cancel, a
+                           restart), a request that never ends, or another process's call
   sub_state_is_true        an engine counted CLEANED / CONFIRMED is recorded so in the registry
   one_call_at_a_time       the driver never sends a call again while the same call is in flight (a retry
                            follows its Lost; checked where the network duplicates nothing)
@@ -128,13 +132,13 @@ class World:
     journal: Map[str, Reply]
     engines: tuple[Any, ...]
     driver: Any
-    net: tuple[tuple[str, Any], ...]  # ("req", command) | ("rep", input), sorted by repr
+    # ("req", command) | ("rep", input) | ("dup", command): a network duplicate of a request, answered to no one
+    net: tuple[tuple[str, Any], ...]
     timers: frozenset[Timer]
     reports: tuple[Report, ...]
     budget: Budget
     requests: tuple[tuple[int, str], ...] = ()  # generation requests holding a native ref: (engine index, lora)
     flags: tuple[str, ...] = ()  # problems seen while the driver reacted (checked with the state's)
-    dups_spent: bool = False
 
 
 # ---------------------------------------------------------------- scenarios, built with the real tables
@@ -251,7 +255,8 @@ class DriverSystem:
         net, timers, reports = list(w.net), set(w.timers), list(w.reports)
         flags = list(w.flags)
         for c in step.commands:
-            if isinstance(c, (Submit, CleanupEngine, ReclaimEngine)) and not w.dups_spent and any(
+            # Only the driver's own copies count ("req", and the "rep" answering it), not a network duplicate.
+            if isinstance(c, (Submit, CleanupEngine, ReclaimEngine)) and any(
                     (kind == "req" and m.call == c.call) or (kind == "rep" and getattr(m, "call", None) == c.call)
                     for kind, m in w.net):
                 flags.append(f"one_call_at_a_time: {c.call} sent again while in flight")
@@ -316,8 +321,10 @@ class DriverSystem:
                 yield f"deliver {payload}", self._feed(base, payload)[0]
             else:
                 served, reply = self._serve(base, payload)
-                if payload.call.engine == STALE:  # another process's call: its reply never reaches this driver
-                    yield f"serve {payload}", served
+                # Another process's call, or the network's duplicate of ours (the caller reads one answer per
+                # call, from its own copy): applied, answered to no one.
+                if payload.call.engine == STALE or kind == "dup":
+                    yield f"serve {kind} {payload}", served
                     continue
                 yield f"serve {payload}", attrs.evolve(served, net=_sorted((*served.net, ("rep", reply))))
                 if b.drops:
@@ -327,12 +334,12 @@ class DriverSystem:
                         served, net=_sorted((*served.net, ("rep", Lost(payload.call)))), budget=spent)
                     yield f"lose request {payload}", attrs.evolve(
                         base, net=_sorted((*base.net, ("rep", Lost(payload.call)))), budget=spent)
-            if b.dups and not isinstance(payload, (Deadline, Cancel)):  # local inputs: never duplicated
-                yield f"dup {message}", attrs.evolve(w, net=_sorted((*w.net, message)), dups_spent=True,
+            if b.dups and kind == "req":  # a request delivered twice; inputs are local and never duplicated
+                yield f"dup {message}", attrs.evolve(w, net=_sorted((*w.net, ("dup", payload))),
                                                      budget=attrs.evolve(b, dups=b.dups - 1))
         # A timer that fires puts its Deadline in the driver's inbox (the network here): it may be there
         # already when the reply it was meant to bound arrives, and is then answered by a "late" row.
-        quiet = all(kind == "rep" and isinstance(p, Deadline) for kind, p in w.net)
+        quiet = all(kind == "rep" and isinstance(p, Deadline) for kind, p in w.net)  # only timers are left
         for timer in sorted(w.timers):
             fired = attrs.evolve(w, timers=w.timers - {timer}, net=_sorted((*w.net, ("rep", Deadline(timer)))))
             if timer.name == "backoff" or quiet:
@@ -400,9 +407,18 @@ class DriverSystem:
                       DriverOutcome.RECLAIMED: {VersionState.RECLAIMED}}.get(report.outcome)
             if wanted is not None and state not in wanted:
                 out.append(f"report_is_true: reported {report.outcome} while the registry has {state}")
+            if report.outcome is DriverOutcome.UNKNOWN and _fault_free(w, start):
+                out.append("unknown_needs_a_fault: UNKNOWN reported although no message was lost, no deadline "
+                           "fired early, nothing was cancelled or restarted")
             if report.outcome is DriverOutcome.REJECTED and w.driver.engines:
                 out.append("rejected_changes_nothing: a REJECTED reclaim sent calls to engines")
         return out
+
+
+def _fault_free(w: World, start: World) -> bool:
+    """No fault was spent, no request held an engine (it may never end), and no other process was calling."""
+    spent = attrs.evolve(w.budget, releases=0) != attrs.evolve(start.budget, releases=0)
+    return not spent and not start.requests and not start.net
 
 
 @attrs.frozen

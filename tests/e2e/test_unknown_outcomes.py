@@ -25,7 +25,7 @@ from versioned_lora.runtime.reclaimer import ReclaimStatus
 from versioned_lora.spec.states import VersionState
 
 LOSS_S = 3.0  # replies are lost this long: longer than every deadline below
-DEADLINES = Deadlines(commit=0.5, cleanup=30.0)
+DEADLINES = Deadlines(commit=0.5, abort=0.5, cleanup=30.0)
 
 
 class LostReplies:
@@ -168,8 +168,11 @@ def test_injected_lost_reclaim_replies_unload_nothing_on_a_lost_claim_and_keep_t
                 assert unloads(await d.audit()) == unloads(before)  # no engine was asked to unload
                 assert await managed_states(d, a.lora_name) == {"E0": "READY", "E1": "READY"}
             else:
-                # Each engine unloaded A once and its confirm landed; only the replies were lost.
-                assert (first.status, first.confirmed) == (ReclaimStatus.RECLAIMED, ())
+                # Each engine unloaded A once and its confirm landed; only the replies were lost, and the
+                # reclaim driver sent the same confirm keys again within the reclaim deadline (row
+                # confirm.lost), answered from the journal.
+                assert (first.status, set(first.confirmed)) == (ReclaimStatus.RECLAIMED, {"E0", "E1"})
+                assert d.reclaimer.last_loop is not None and "confirm.lost" in d.reclaimer.last_loop.fired
                 assert unloads(await d.audit()) == {e: n + 1 for e, n in unloads(before).items()}
 
             await lossy.wait_out()

@@ -164,7 +164,7 @@ def test_injected_lost_abort_reply_cleans_nothing_until_the_same_abort_is_answer
         z_version, z = candidate("Z")
         a_version, a = candidate("A")
         lossy = LosesReplies(registry, "abort:", lose_for_s=1.0)
-        pub = publisher(lossy, engines, commit=0.3)
+        pub = publisher(lossy, engines, commit=0.3, abort=0.3)
         assert (await pub.publish(z_version, z)).committed  # an earlier, resolved commit of this publisher
         engines["E1"].end = _refuse_end  # type: ignore[method-assign]  # a certain failure before commit
         outcome = await pub.publish(a_version, a)

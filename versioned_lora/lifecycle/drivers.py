@@ -328,6 +328,9 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "submit_commit": _submit_commit,
     "submit_abort": _submit_abort,
     "arm_commit": lambda s, sub, i: (s, (Arm(Timer("commit"), "commit"),)),
+    # The same timer (one registry call is in flight at a time), its own deadline: no-progress bounds staging
+    # and the commit, not the abort that follows them.
+    "arm_abort": lambda s, sub, i: (s, (Arm(Timer("commit"), "abort"),)),
     "disarm": lambda s, sub, i: (s, (Disarm(Timer("claim" if isinstance(s, ReclaimState) else "commit")),)),
     "start_cleanups": _start_cleanups,
     "submit_claim": _submit_claim,
