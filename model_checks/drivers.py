@@ -20,8 +20,9 @@ Actions: deliver any in-flight message (a request to its registry or engine, a r
 lose a request or its reply, or duplicate a request (budget), fire an armed timer (early: deadline
 budget; when nothing is in flight it is a real timeout and free; the short retry pause is always
 free), cancel, end a generation request. What the executor adds is exactly
-`driver_loop.DriverLoop._outcome`: a registry answer is `Answer(Reply)`, an engine refusal `Refusal`, a lost reply `Lost`; the engine's reclaim call runs the
-adapter's ReclaimAdapter and, once drained, FinishUnload, and answers whether it is UNLOADED.
+`driver_loop.DriverLoop._outcome`: a registry answer is `Answer(Reply)`, an engine refusal
+`Refusal`, a lost reply `Lost`; the engine's reclaim call runs the adapter's ReclaimAdapter and,
+once drained, FinishUnload, and answers whether it is UNLOADED.
 
 Properties, on every reachable world:
   committed_stays_loaded   a version the registry committed and has not claimed for reclaim stays READY
