@@ -1,0 +1,234 @@
+"""Engine `kill -9` (server, scheduler and detokenizer) at each publication phase, each followed by reconciliation,
+through the whole stack: the Ray registry actor, the Publisher, the Reclaimer, the SessionBinder and the session's
+two real engines.
+
+Each kill lands in its phase on purpose: a test-only hold point stops the publisher at the named phase, the test
+reads the phase from the killed engine's own status, and only then kills it. The hold points are on the
+publisher's side of each call (a wrapped staging port or registry port, `Held`), not inside the engine (begin: E1
+answered PREPARED, not reported yet; bucket: buckets 0 and 1 stashed on E1, the rest not sent; before_load: the
+stash complete and hashed, `end` not sent, nothing loaded; ready: E1 loaded B and answered READY_LOCAL, not
+reported yet; commit: READY on both, the commit not sent). Kills inside one engine call (between the stash verdict
+and the load, during the probe, during the physical unload) need a hold point in the engine patch: not here.
+
+After each kill: the old default serves on the surviving engine with unchanged numbers; nothing is unloaded while
+a session or an engine request holds it; the restarted engine's new incarnation is adopted by the registry and
+gets no request for a version until that version is rehydrated there; and once reconciled the registry's version
+states, default and revision, placement states, capacity and session refs equal those of the same run without the
+kill (`no_kill_states`, the run itself, done first). No session changes version.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from deployment import Deployment
+from engine_helpers import PROMPT, run
+from test_publication_e2e import assert_matches_reference, deployed
+
+from versioned_lora.lifecycle import Commit, VersionKey
+from versioned_lora.runtime.publisher import PublishStatus
+from versioned_lora.runtime.reclaimer import ReclaimStatus
+from versioned_lora.spec.states import PlacementState, VersionState
+
+HELD_AFTER_BUCKET = 1  # the bucket phase's kill lands with buckets 0 and 1 stashed on E1 (of 4)
+RECLAIM_DEADLINE_S = 30.0
+
+
+class Held:
+    """Test-only hold point (timing injection): the wrapped port's `method` runs (the engine or registry answers),
+    then its answer is held until the test opens the hold; with `before`, the call is held before it is sent.
+    `when(*args)` picks the call that is held."""
+
+    def __init__(self, inner: Any, method: str, when: Any = None, before: bool = False) -> None:
+        self.inner, self.method, self.when, self.before = inner, method, when or (lambda *args: True), before
+        self.opened = asyncio.Event()
+        self.reached = asyncio.Event()
+
+    def __getattr__(self, name: str) -> Any:
+        attribute = getattr(self.inner, name)
+        if name != self.method:
+            return attribute
+
+        async def held(*args: Any, **kwargs: Any) -> Any:
+            if self.before and self.when(*args):
+                self.reached.set()
+                await self.opened.wait()
+                return await attribute(*args, **kwargs)
+            answer = await attribute(*args, **kwargs)
+            if self.when(*args):
+                self.reached.set()
+                await self.opened.wait()
+            return answer
+
+        return held
+
+
+def _states(view: Any) -> dict[str, Any]:
+    """What must equal the run without the kill: per version (by label) its state, its placements' states and its
+    session refs; the default's label, the revision, the managed count. Tokens and incarnations may differ."""
+    return {
+        "versions": {key.version_id: (version.state, {e: p.state for e, p in sorted(version.placements.items())},
+                                      version.session_refs)
+                     for key, version in sorted(view.versions.items(), key=lambda item: item[0].version_id)},
+        "default": None if view.default is None else view.default.version_id,
+        "revision": view.default_revision,
+        "managed": view.managed_count(),
+    }
+
+
+async def _engine_view(d: Deployment, engine: str, name: str) -> dict[str, Any] | None:
+    return next((m for m in (await d.clients[engine].status())["managed"] if m["name"] == name), None)
+
+
+async def _reconcile_e1(d: Deployment, engines: Any) -> None:
+    """Restart E1; the registry adopts its new incarnation; every version it must hold is rehydrated there, and
+    until then no request for that version goes to E1."""
+    engines.e1.restart()
+    incarnation = int((await d.clients["E1"].status())["incarnation"])
+    await d.publisher.sync_incarnations()
+    view = await d.registry.publication_view()
+    assert view.incarnations["E1"] == incarnation
+    held = [key for key, version in view.versions.items()
+            if version.state in (VersionState.PUBLISHED, VersionState.RETIRED)]
+    dispatch = await d.registry.dispatch_view(held)
+    for key in held:
+        assert view.versions[key].placements["E1"].state is not PlacementState.READY, key
+        assert dispatch[key].engines == {"E0"}, key  # E1 gets no request for it before its rehydrate
+    sent = d.backend.sent["E1"]
+    probe = d.binder.open("S_probe@E1")  # routed to E1 by name, sent to E0: E1 holds nothing yet
+    await d.binder.generate(probe, PROMPT, 2)
+    assert d.backend.sent["E1"] == sent
+    await d.binder.finish(probe)
+    for key in held:
+        await d.publisher.rehydrate(key, d.candidates[key], "E1")
+    dispatch = await d.registry.dispatch_view(held)
+    assert all(dispatch[key].engines == {"E0", "E1"} for key in held)
+
+
+async def _publish_b_and_reclaim_a(
+    d: Deployment, engines: Any, kill_phase: str | None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Publish A, bind S_old to A, publish B (killing E1 at `kill_phase`, then reconciling), bind S_new to B; then
+    close S_old and reclaim A. Returns the registry's states after B's publication and after A's reclaim."""
+    a_version, a = d.candidate("A")
+    b_version, b = d.candidate("B")
+    assert (await d.publisher.publish(a_version, a)).committed
+    s_old = d.binder.open("S_old@E0")
+    first = await d.binder.generate(s_old, PROMPT, 4)
+
+    if kill_phase is not None:
+        await _killed_publication(d, engines, kill_phase, a_version, (b_version, b), s_old, first)
+    else:
+        assert (await d.publisher.publish(b_version, b)).committed
+
+    s_new = d.binder.open("S_new@E1")
+    assert (await d.binder.bind_first(s_new)).version == b_version
+    new = await d.binder.generate(s_new, PROMPT, 4)
+    assert_matches_reference(d, "B", PROMPT, new.logprobs, new.output_ids)
+    assert (await d.binder.bind_first(s_old)).version == a_version  # no session changed version
+    again = await d.binder.generate(s_old, PROMPT, 4)
+    assert (again.output_ids, again.logprobs) == (first.output_ids, first.logprobs)
+    published = _states(await d.registry.publication_view())
+
+    await d.binder.finish(s_old)
+    assert (await d.reclaimer.reclaim(a_version)).status is ReclaimStatus.RECLAIMED
+    reclaimed = _states(await d.registry.publication_view())
+    await d.binder.finish(s_new)
+    return published, reclaimed
+
+
+async def _killed_publication(
+    d: Deployment, engines: Any, phase: str, a_version: VersionKey, candidate: tuple[VersionKey, Any], s_old: Any,
+    first: Any,
+) -> None:
+    b_version, b = candidate
+    if phase == "commit":  # READY on both; the commit held before it is sent
+        hold = Held(d.registry, "submit", when=lambda event, *rest: isinstance(event, Commit), before=True)
+        d.publisher.registry = hold
+    else:
+        hold = {
+            "begin": Held(d.ports["E1"], "begin"),  # E1 answered PREPARED; not reported yet
+            "bucket": Held(d.ports["E1"], "transfer_bucket",  # buckets 0 and 1 stashed, 2 and 3 not sent
+                           when=lambda candidate, token, index: index == HELD_AFTER_BUCKET),
+            "before_load": Held(d.ports["E1"], "end", before=True),  # stash complete and hashed; no end yet
+            "ready": Held(d.ports["E1"], "end"),  # E1 loaded B and answered READY_LOCAL; not reported yet
+        }[phase]
+        d.publisher.engines["E1"] = hold
+    publication = asyncio.create_task(d.publisher.publish(b_version, b))
+    await asyncio.wait_for(hold.reached.wait(), 180)
+
+    # The phase, read from E1 itself before the kill.
+    on_e1 = await _engine_view(d, "E1", b.lora_name)
+    assert on_e1 is not None
+    expected = {
+        "begin": ("STAGING", 0),
+        "bucket": ("STAGING", HELD_AFTER_BUCKET + 1),
+        "before_load": ("STAGING", b.bucket_count),
+        "ready": ("READY", b.bucket_count),
+        "commit": ("READY", b.bucket_count),
+    }[phase]
+    assert (on_e1["state"], on_e1["buckets_received"]) == expected, on_e1
+    view = await d.registry.publication_view()
+    assert view.versions[b_version].state is VersionState.LOADING
+    if phase == "before_load":
+        assert await d.clients["E1"].adapter(b.lora_name) is None  # not loaded
+    if phase == "commit":
+        assert {e: p.state for e, p in view.versions[b_version].placements.items()} == {
+            "E0": PlacementState.READY, "E1": PlacementState.READY}
+
+    engines.e1.kill_hard()
+    hold.opened.set()
+    outcome = await publication
+    view = await d.registry.publication_view()
+    if phase in ("ready", "commit"):
+        # The registry did not know of the kill: E1's READY_LOCAL counted, the commit landed. E1's new incarnation
+        # invalidates that READY below, and B is rehydrated there before E1 gets a request for it.
+        assert outcome.committed, outcome
+        assert view.default == b_version
+    else:
+        assert outcome.status is PublishStatus.UNKNOWN, outcome  # E1's cleanup cannot be confirmed
+        assert view.versions[b_version].state is VersionState.ABORTED and view.default == a_version
+        assert view.managed_count() == 2  # the candidate keeps its slot until both engines confirm
+    again = await d.binder.generate(s_old, PROMPT, 4)  # the old default on the surviving E0, unchanged
+    assert (again.output_ids, again.logprobs) == (first.output_ids, first.logprobs)
+
+    d.publisher.engines["E1"] = d.ports["E1"]
+    d.publisher.registry = d.registry
+    await _reconcile_e1(d, engines)
+    if phase not in ("ready", "commit"):
+        recovered = await d.publisher.recover()  # B's cleanup finished on E1's new incarnation
+        assert [o.status for o in recovered] == [PublishStatus.FAILED_CLEAN]
+        view = await d.registry.publication_view()
+        assert view.versions[b_version].state is VersionState.FAILED_CLEAN and view.managed_count() == 1
+        for client in d.clients.values():
+            assert (await client.status())["staging"]["stashes"] == {}
+        assert (await d.publisher.publish(b_version, b)).committed  # the same version, a new attempt
+
+
+@pytest.fixture(scope="module")
+def no_kill_states(
+    engines, fixtures, tmp_path_factory, ray_cluster
+) -> Iterator[tuple[dict[str, Any], dict[str, Any]]]:
+    """The same run without any kill: what every killed run must reconcile to."""
+
+    async def body() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with deployed(engines, fixtures, tmp_path_factory.mktemp("no-kill")) as d:
+            return await _publish_b_and_reclaim_a(d, engines, None)
+
+    yield run(body())
+
+
+@pytest.mark.parametrize("phase", ["begin", "bucket", "before_load", "ready", "commit"])
+def test_engine_killed_at_each_publication_phase_reconciles_to_the_run_without_the_kill(
+    engines, fixtures, tmp_path, no_kill_states, phase: str
+) -> None:
+    async def body() -> tuple[dict[str, Any], dict[str, Any]]:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            assert d.candidate("B")[1].bucket_count > HELD_AFTER_BUCKET + 1
+            return await _publish_b_and_reclaim_a(d, engines, phase)
+
+    assert run(body()) == no_kill_states
+
