@@ -16,7 +16,8 @@ over the same landing, in an order rotated every rep so that drift of the host's
 
 Per variant and rep: `land` = first byte sent -> last bucket landed, `tail` = last bucket landed -> verified
 (wall s); `cpu` = the process's CPU-seconds (every thread) from the first byte to the verdict; `hash cpu` =
-`cpu` minus the same rep's `receive` cpu, the CPU-seconds the verification itself costs. Ratios are to
+`cpu` minus the same rep's `receive` cpu, the CPU-seconds the verification itself costs; `pool threads cpu`
+the part of `cpu` run by the hashing pool's threads (the hashing itself, for pool and pipelined). Ratios are to
 `serial v1` of the same rep; medians over reps with 95% bootstrap intervals (resampling reps).
 Not a test: nothing is asserted. Last line:
     tail_ratio_v2=… hash_cpu_ratio_v2=… tail_ratio_v1=… hash_cpu_ratio_v1=… serial_tail_s=… commit=…
@@ -54,6 +55,18 @@ def commit() -> str:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED_CODE],
                            cwd=root, capture_output=True, text=True)  # fmt: skip
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def hash_thread_cpu() -> float:
+    """CPU-seconds run so far by the hashing pool's threads (every pool size; Linux schedstat, ns)."""
+    import threading
+
+    total = 0
+    for thread in threading.enumerate():
+        if thread.name.startswith("vlora-hash") and thread.native_id is not None:
+            with open(f"/proc/self/task/{thread.native_id}/schedstat") as stat:
+                total += int(stat.read().split()[0])
+    return total / 1e9
 
 
 def receive_only(plan: Any, wire: GlooWire) -> dict[str, float]:
@@ -129,7 +142,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     runs: dict[str, list[dict[str, float]]] = {name: [] for name in names}
     for rep in range(args.reps + 1):
         order = names[rep % len(names):] + names[: rep % len(names)]
-        measured = {name: variants[name]() for name in order}
+        measured = {}
+        for name in order:
+            before = hash_thread_cpu()
+            measured[name] = variants[name]()
+            measured[name]["pool_cpu_s"] = hash_thread_cpu() - before
         if rep == 0:
             continue  # warm-up: pool threads, gloo buffers, page faults of fresh receive buffers
         for name, run in measured.items():
@@ -144,7 +161,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "CPU-s first byte -> verdict; hash cpu = cpu - that rep's receive cpu; land = first byte -> last bucket "
         "landed; ratios to serial v1, rep by rep")
     say(f"{'variant':<16}{'land s':>24}{'tail s':>24}{'cpu s':>24}{'hash cpu s':>24}{'tail/serial v1':>24}"
-        f"{'hash cpu/serial v1':>24}")
+        f"{'hash cpu/serial v1':>24}{'pool threads cpu s':>24}")
     base = runs[BASELINE]
     summary: dict[str, dict[str, tuple[float, float, float]]] = {}
     for name in names:
@@ -154,13 +171,15 @@ def main(argv: Sequence[str] | None = None) -> int:
             "tail": bootstrap_median([r["verify_s"] for r in own]),
             "cpu": bootstrap_median([r["cpu_s"] for r in own]),
             "hash_cpu": bootstrap_median([r["hash_cpu_s"] for r in own]),
+            "pool_cpu": bootstrap_median([r["pool_cpu_s"] for r in own]),
             "tail_ratio": bootstrap_median([r["verify_s"] / b["verify_s"] for r, b in zip(own, base, strict=True)]),
             "cpu_ratio": bootstrap_median([r["hash_cpu_s"] / b["hash_cpu_s"] for r, b in zip(own, base, strict=True)]),
         }
         summary[name] = row
         ratios = ("", "") if name == "receive" else (fmt_interval(row["tail_ratio"]), fmt_interval(row["cpu_ratio"]))
         say(f"{name:<16}{fmt_interval(row['land']):>24}{fmt_interval(row['tail']):>24}{fmt_interval(row['cpu']):>24}"
-            f"{fmt_interval(row['hash_cpu']):>24}{ratios[0]:>24}{ratios[1]:>24}")  # fmt: skip
+            f"{fmt_interval(row['hash_cpu']):>24}{ratios[0]:>24}{ratios[1]:>24}"
+            f"{fmt_interval(row['pool_cpu']):>24}")  # fmt: skip
     say(f"# wall {time.perf_counter() - started:.1f}s; load average at the end {os.getloadavg()[0]:.2f}")
     say(f"tail_ratio_v2={summary['pipelined v2']['tail_ratio'][0]:.3f} "
         f"hash_cpu_ratio_v2={summary['pipelined v2']['cpu_ratio'][0]:.3f} "
