@@ -32,6 +32,7 @@ Properties, on every reachable world:
   abort_never_commits      a settle started to abort (its staging failed) never sends a commit
   unknown_needs_a_fault    UNKNOWN is reported only after a fault (a loss, an early deadline, a cancel, a
                            restart), a request that never ends, or another process's call
+  unknown_means_claim_unanswered  a reclaim reports UNKNOWN only while its claim's answer is unknown
   sub_state_is_true        an engine counted CLEANED / CONFIRMED is recorded so in the registry
   one_call_at_a_time       the driver never sends a call again while the same call is in flight (a retry
                            follows its Lost; checked where the network duplicates nothing)
@@ -72,6 +73,7 @@ from versioned_lora.lifecycle.drivers import (
     Lost,
     ReclaimEngine,
     ReclaimEngineState,
+    ReclaimState,
     Refusal,
     Reply,
     Report,
@@ -411,6 +413,8 @@ class DriverSystem:
             if report.outcome is DriverOutcome.UNKNOWN and _fault_free(w, start):
                 out.append("unknown_needs_a_fault: UNKNOWN reported although no message was lost, no deadline "
                            "fired early, nothing was cancelled or restarted")
+            if report.outcome is DriverOutcome.UNKNOWN and isinstance(d, ReclaimState) and d.reclaim_id is not None:
+                out.append("unknown_means_claim_unanswered: a reclaim whose claim was answered reported UNKNOWN")
             if report.outcome is DriverOutcome.REJECTED and w.driver.engines:
                 out.append("rejected_changes_nothing: a REJECTED reclaim sent calls to engines")
         return out
