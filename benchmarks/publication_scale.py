@@ -58,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
+from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir, snapshot_from_tensors
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.stack import Stack, ensure_ray, new_token
@@ -153,7 +154,14 @@ async def publication_series(stack: Stack, snapshots: Sequence[Snapshot], reps: 
                 if raw is None:
                     raw = RawTransferFloor(candidate, receivers=len(stack.clients), repeats=reps)
                 transfer_s = await raw.measure()
-                load_s, probe_s = await native_load_and_probe(list(stack.clients.values()), snapshot, probe)
+                # Fresh connections: an engine's HTTP server closes a keep-alive connection idle for 5 s, and a
+                # request sent on it as it closes fails with ReadError (seen here after the raw transfer).
+                fresh = [SGLangClient(c.base_url, timeout_s=600.0, token=stack.token) for c in stack.clients.values()]
+                try:
+                    load_s, probe_s = await native_load_and_probe(fresh, snapshot, probe)
+                finally:
+                    for client in fresh:
+                        await client.aclose()
                 run["floor"] = {"raw_transfer_s": round(transfer_s, 4), "load_s": round(load_s, 4),
                                 "probe_s": round(probe_s, 4), "floor_s": round(transfer_s + load_s + probe_s, 4)}
             runs.append(run)
@@ -334,6 +342,12 @@ def table(report: dict[str, Any]) -> list[str]:
     return lines
 
 
+def save(report: dict[str, Any], out: Path | None) -> None:
+    if out:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(report, indent=1) + "\n")
+
+
 async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     token = new_token()
     workdir = Path(tempfile.mkdtemp(prefix="publication-scale-"))
@@ -348,7 +362,9 @@ async def run_all(args: argparse.Namespace) -> dict[str, Any]:
     began = time.monotonic()
     try:
         report.update(await engine_count_stage(args.reps, token, workdir, log_dir))
+        save(report, args.out)  # each stage's figures are kept should a later stage fail
         report.update(await size_stage(args.reps, token, workdir, log_dir))
+        save(report, args.out)
     finally:
         if started_ray:
             import ray
@@ -373,9 +389,7 @@ def main() -> None:
         "publish_s_1": report["tiny_r8_e1"]["publish_s"], "publish_s_2": report["tiny_r8_e2"]["publish_s"],
         "publish_s_4": report["tiny_r8_e4"]["publish_s"], "concurrency_4": report["tiny_r8_e4"]["concurrency"],
     }
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(report, indent=1) + "\n")
+    save(report, args.out)
     for line in table(report):
         print(line)
     print(" ".join(f"{k}={v}" for k, v in report["last_line"].items()))
