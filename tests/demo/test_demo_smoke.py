@@ -8,6 +8,7 @@ import json
 
 from engine_helpers import TEST_TOKEN
 
+from versioned_lora.adapters.manifest import MANIFEST_FORMAT_V2
 from versioned_lora.demo import run_demo
 
 
@@ -25,12 +26,13 @@ def test_demo_story_holds_under_traffic(engines, fixtures, ray_cluster, tmp_path
                  "E1 refused at end with a digest mismatch", "corrupted candidate cleaned on both engines",
                  "capacity freed after the failure (1 version held)", "0 failed requests", "0 aborted requests",
                  "0 pause/flush/abort_all/base-weight calls", "managed versions never above 2",
-                 "every session used exactly one version"):
+                 "every session used exactly one version", "versions are published as manifest v2"):
         assert checks[name]["ok"], checks[name]
     outcomes = report["summary"]["outcomes"]
     assert outcomes["ok"] > 0 and outcomes["failed"] == outcomes["aborted"] == outcomes["unknown"] == 0
     assert report["publications"]["C (capacity)"]["reason"] == "CAPACITY_ERROR"
     assert report["publications"]["C (corrupt)"]["status"] == "FAILED_CLEAN"
     assert report["publications"]["reclaim A"]["status"] == "RECLAIMED"
+    assert {report["publications"][label]["manifest"] for label in ("A", "B", "C (corrupt)")} == {MANIFEST_FORMAT_V2}
     assert set(report["summary"]["per_version"]) >= {"A", "B"}
     assert (tmp_path / "timeline.png").stat().st_size > 10_000

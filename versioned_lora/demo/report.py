@@ -45,12 +45,13 @@ def summary_table(summary: dict[str, Any], outcomes: dict[str, dict[str, Any]],
                        + ", ".join(f"{e} {g:.2f}s" for e, g in summary["longest_no_progress_s"].items()))
 
     pubs = Table(title="publications and reclaim")
-    for column in ("what", "status", "seconds", "phases"):
+    for column in ("what", "status", "manifest", "seconds", "phases"):
         pubs.add_column(column)
     for label, outcome in outcomes.items():
         phases = " ".join(f"{k}={v:.2f}" for k, v in (outcome.get("phases") or {}).items())
         status = f"{outcome['status']} {outcome.get('reason') or ''}".strip()
-        pubs.add_row(label, status, f"{outcome['seconds']:.2f}", phases)
+        manifest = str(outcome.get("manifest") or "").removeprefix("versioned-lora/manifest/")
+        pubs.add_row(label, status, manifest, f"{outcome['seconds']:.2f}", phases)
 
     verdicts = Table(title="expectations")
     verdicts.add_column("check")

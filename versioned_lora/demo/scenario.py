@@ -20,6 +20,7 @@ from typing import Any
 
 import attrs
 
+from versioned_lora.adapters.manifest import MANIFEST_FORMAT_V2
 from versioned_lora.demo.stack import Stack
 from versioned_lora.demo.traffic import (
     ClosedLoopTraffic,
@@ -108,7 +109,8 @@ class DemoRun:
         outcome = await self.stack.publisher.publish(version, candidate)
         self.outcomes[label] = {"status": outcome.status, "reason": outcome.reason, "detail": outcome.detail,
                                 "phases": dict(outcome.phases), "start": started - self.t0,
-                                "seconds": self.now() - started, "lora_name": outcome.lora_name}
+                                "seconds": self.now() - started, "lora_name": outcome.lora_name,
+                                "manifest": candidate.snapshot.manifest.format}
         self._publishing = ""
         return outcome
 
@@ -123,6 +125,9 @@ class DemoRun:
         a_version, a = stack.candidate("A")
         b_version, b = stack.candidate("B")
         c_version, c = stack.candidate("C")
+        # Every version this demo publishes is a new publication: manifest v2, the snapshots' default (issue 20).
+        self.check("versions are published as manifest v2",
+                   {x.snapshot.manifest.format for x in (a, b, c)} == {MANIFEST_FORMAT_V2})
 
         step = self.step("bootstrap A")
         outcome = await self.publish("A", a_version, a)
