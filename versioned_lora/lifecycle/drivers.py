@@ -341,7 +341,7 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "arm_backoff": lambda e, sub, i: (e, (Arm(Timer("backoff", e.order.engine), "retry_pause"),)),
     "disarm_engine": lambda e, sub, i: (e, (Disarm(_sub_timer(e)),)),
     "disarm_backoff": lambda e, sub, i: (e, (Disarm(Timer("backoff", e.order.engine)),)),
-    "arm_report": lambda e, sub, i: (e, (Arm(Timer("report", e.order.engine), "commit"),)),
+    "arm_report": lambda e, sub, i: (e, (Arm(Timer("report", e.order.engine), "report"),)),
     "disarm_report": lambda e, sub, i: (e, (Disarm(Timer("report", e.order.engine)),)),
     "submit_cleaned": lambda e, sub, i: (e, (Submit(
         Call("cleaned", e.order.engine), RecordCleaned(e.order.version, e.order.attempt_token, e.order.engine),

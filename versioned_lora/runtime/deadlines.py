@@ -23,6 +23,7 @@ class Deadlines:
     end: float = 120.0
     commit: float = 10.0
     abort: float = 10.0  # an abort's answer; past it (a lost reply) the outcome is UNKNOWN and nothing is cleaned
+    report: float = 10.0  # an engine's cleanup receipt (CLEANED or UNKNOWN) reaching the registry
     cleanup: float = 60.0
     reclaim: float = 600.0
     max_no_progress: float = 120.0
