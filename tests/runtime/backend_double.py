@@ -3,7 +3,10 @@
 Used where a real engine cannot produce the case on demand (fault injection): an unknown outcome or
 a 5xx for one exact rid, a response held back until after its session closed. Tokens are a
 deterministic function of (lora_path, context), emitted one at a time so an abort cuts a generation
-short and the call returns its partial output with finish_reason "abort", as SGLang does."""
+short and the call returns its partial output with finish_reason "abort", as SGLang does.
+
+Tests that use it say `injected` in their names; `test_backend_double_conformance.py` holds it to a real engine
+on every operation they use."""
 
 from __future__ import annotations
 
@@ -48,7 +51,8 @@ class ScriptedBackend:
         context, out = request.input_ids, []
         for _ in range(request.max_new_tokens):
             if request.rid in self._aborted and hold is None:
-                return BackendResponse(request.rid, tuple(out), (), "abort")
+                # As SGLang: the partial output, a logprob for each token (test_backend_double_conformance.py).
+                return BackendResponse(request.rid, tuple(out), tuple(-1.0 for _ in out), "abort")
             await asyncio.sleep(self.token_delay_s)
             out.append(token(request.lora_path, context + tuple(out)))
         return BackendResponse(request.rid, tuple(out), tuple(-1.0 for _ in out), "length")

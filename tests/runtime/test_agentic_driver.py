@@ -2,7 +2,8 @@
 turns, retries after known failures, unknown outcomes resolved before a retry, temporary abort/resume,
 a publication in the middle of the run, and finish; then A is reclaimable and refused for dispatch.
 
-Faults come from the scripted backend double (a 503 or a lost reply for one exact rid)."""
+Faults are injected by the scripted backend double (a 503 or a lost reply for one exact rid), which
+test_backend_double_conformance.py holds to a real engine."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def script(name: str, abort: bool) -> SessionScript:
                          abort_resume_turn=2 if abort else None, abort_after_s=0.002)
 
 
-def test_driver_runs_sessions_through_a_publication_and_finishes_them(tmp_path: Path) -> None:
+def test_injected_faults_driver_runs_sessions_through_a_publication_and_finishes_them(tmp_path: Path) -> None:
     handle, actor = new_actor(tmp_path)
     registry = CoalescingRegistry(actor)
     effects: list[RegistryEffect] = []

@@ -1,7 +1,10 @@
 """SessionBinder against the registry actor on a real local Ray cluster (RFC §4, §7.1 bind/close rows).
 
-The engine side is the scripted `GenerationBackend` double (backend_double.py): these tests are about
-binding, dispatch refusal and close; real engines come in with issue 8's end-to-end tests."""
+The engine side is the scripted `GenerationBackend` double (backend_double.py), injected, so every test here
+says `injected`: it records each request for the lora_path assertions, and injects what a real engine cannot do
+on demand (a reply lost for one exact rid, a response held past its session's close).
+`test_backend_double_conformance.py` holds the double to a real engine on every operation used here; the same
+binding, dispatch and close rows run on two real engines in tests/e2e/test_rfc_7_1.py (rows 1, 5, 6, 7)."""
 
 from __future__ import annotations
 
@@ -58,7 +61,7 @@ def binder_for(registry: RayRegistry, backend: ScriptedBackend | None = None, sh
     return SessionBinder(registry, backend or ScriptedBackend(), epoch=0, shard=shard, gate=gate)
 
 
-def test_64_concurrent_bind_first_with_cancelled_waiters_take_one_ref(tmp_path: Path) -> None:
+def test_injected_backend_64_concurrent_bind_first_with_cancelled_waiters_take_one_ref(tmp_path: Path) -> None:
     handle, registry = new_actor(tmp_path)
 
     async def scenario() -> None:
@@ -100,7 +103,7 @@ def test_64_concurrent_bind_first_with_cancelled_waiters_take_one_ref(tmp_path: 
     run(scenario())
 
 
-def test_close_before_open_duplicate_close_and_late_bind_change_no_refs(tmp_path: Path) -> None:
+def test_injected_backend_close_before_open_duplicate_close_and_late_bind_change_no_refs(tmp_path: Path) -> None:
     handle, registry = new_actor(tmp_path)
 
     async def scenario() -> None:
@@ -159,7 +162,7 @@ def test_close_before_open_duplicate_close_and_late_bind_change_no_refs(tmp_path
     run(scenario())
 
 
-def test_requests_carry_the_bound_lora_path_across_a_commit(tmp_path: Path) -> None:
+def test_injected_backend_requests_carry_the_bound_lora_path_across_a_commit(tmp_path: Path) -> None:
     handle, registry = new_actor(tmp_path)
 
     async def scenario() -> None:
@@ -187,7 +190,9 @@ def test_requests_carry_the_bound_lora_path_across_a_commit(tmp_path: Path) -> N
     run(scenario())
 
 
-def test_dispatch_for_a_reclaiming_version_is_refused_before_leaving_the_process(tmp_path: Path) -> None:
+def test_injected_backend_dispatch_for_a_reclaiming_version_is_refused_before_leaving_the_process(
+    tmp_path: Path,
+) -> None:
     handle, registry = new_actor(tmp_path)
 
     async def scenario() -> None:
@@ -213,7 +218,9 @@ def test_dispatch_for_a_reclaiming_version_is_refused_before_leaving_the_process
     run(scenario())
 
 
-def test_unknown_outcome_is_never_resent_and_a_late_response_after_close_is_dropped(tmp_path: Path) -> None:
+def test_injected_backend_unknown_outcome_is_never_resent_and_a_late_response_after_close_is_dropped(
+    tmp_path: Path,
+) -> None:
     handle, registry = new_actor(tmp_path)
 
     async def scenario() -> None:
