@@ -5,9 +5,10 @@ One task owns the driver's state; every completion (a reply, a refusal, a lost r
 fired, the caller's cancellation) reaches it through one inbox, so `step` never runs concurrently with
 itself. Commands run as tasks of their own, one I/O each:
 
-* `Submit`: one `RegistryPort.submit` under the command's key. `RegistryUnavailable` is `Lost`; a retry
-  of the same call (which the table commands after a `Lost`) waits a short, growing pause first, so a
-  restarting registry is not hammered. That pause is transport policy, not a protocol decision.
+* `Submit`: one `RegistryPort.submit` under the command's key. `RegistryUnavailable` is `Lost`. A retry
+  of the same call after a `Lost` (registry or engine: the table commands it) waits a short, growing
+  pause first, so a restarting registry or a dead engine is not hammered. That pause is transport
+  policy, not a protocol decision.
 * `CleanupEngine`, `ReclaimEngine`: the engine port's call. `EngineRefused` is `Refusal` (its reason),
   `EngineUnreachable` or a timeout is `Lost`.
 * `Arm`/`Disarm`: a timer (seconds from the caller's `seconds(deadline_name)`); when it fires, `Deadline`.
@@ -166,26 +167,30 @@ class DriverLoop:
 
     async def _outcome(self, command: Submit | CleanupEngine | ReclaimEngine) -> DriverInput:
         call = command.call
+        retry = command.key if isinstance(command, Submit) else f"{call.op}:{call.engine}"
+        lost = self._retries.get(retry, 0)
+        if lost:  # the same call again after a Lost: pause first, so an unreachable peer is not hammered
+            await asyncio.sleep(min(RETRY_PAUSE_S[0] * 2 ** (lost - 1), RETRY_PAUSE_S[1]))
         try:
             if isinstance(command, Submit):
-                lost = self._retries.get(command.key, 0)
-                if lost:
-                    await asyncio.sleep(min(RETRY_PAUSE_S[0] * 2 ** (lost - 1), RETRY_PAUSE_S[1]))
-                try:
-                    answer = await self.registry.submit(command.event, key=command.key)
-                except RegistryUnavailable:
-                    self._retries[command.key] = lost + 1
-                    return Lost(call)
+                answer = await self.registry.submit(command.event, key=command.key)
+                self._retries.pop(retry, None)
                 self.answers.append(answer.result)
                 return Answer(call, Reply(answer.result, answer.effects, answer.capabilities))
             engine = self.engines[command.engine]
             if isinstance(command, CleanupEngine):
                 await engine.cleanup(command.lora_name, command.attempt_token, command.capability)
+                self._retries.pop(retry, None)
                 return Answer(call)
             unloaded = await engine.reclaim(command.lora_name, command.reclaim_id, RECLAIM_POLL_S, command.capability)
+            self._retries.pop(retry, None)
             return Answer(call, bool(unloaded))
+        except RegistryUnavailable:
+            self._retries[retry] = lost + 1
+            return Lost(call)
         except EngineRefused as refused:
             return Refusal(call, refused.reason)
         except (EngineUnreachable, TimeoutError) as exc:
+            self._retries[retry] = lost + 1
             logger.info("%s on %s: outcome unknown (%s)", call.op, call.engine or "registry", exc)
             return Lost(call)
