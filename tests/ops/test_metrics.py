@@ -134,6 +134,7 @@ def test_registry_and_engine_metrics_after_a_publication_and_a_reclaim(metrics_e
                 ("ray_versioned_lora_registry_reclaims_total", (("outcome", "reclaimed"), ("reason", "none"))): 1.0,
                 ("ray_versioned_lora_registry_binds_total", (("result", "bound"),)): 1.0,
                 ("ray_versioned_lora_registry_closes_total", ()): 1.0,
+                ("ray_versioned_lora_registry_open_sessions", ()): 0.0,
             }
             url = ray_metrics_url()
             deadline = time.monotonic() + SCRAPE_DEADLINE_S
