@@ -132,6 +132,10 @@ def test_injected_lost_commit_reply_past_its_deadline_keeps_the_committed_defaul
         assert not pub.commit_unresolved
         assert all(engine.destructive() == [] for engine in engines.values())  # nothing cleaned or unloaded
         assert (await registry.publication_view()).default_revision == 1  # applied exactly once
+        # The rows that decided it: the deadline made it unknown, the lost replies were retried, never aborted.
+        fired = pub.settle_loops[-1].fired
+        assert (fired[0], fired[-1]) == ("settle.commit", "commit.committed")
+        assert {"commit.lost", "commit.deadline"} <= set(fired) and not any(r.startswith("abort.") for r in fired)
         assert (await pub.publish(b_version, b)).committed
 
     asyncio.run(body())

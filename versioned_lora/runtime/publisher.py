@@ -26,6 +26,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections import deque
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from enum import StrEnum
 from typing import Any, TypeVar
@@ -138,7 +139,9 @@ class Publisher:
         # cancellation ends it before the registry answered (RFC §3.4: resolved by the same commit).
         self._commit_task: asyncio.Future[PublishOutcome] | None = None
         self._reserve_keys: dict[tuple[VersionKey, str], str] = {}  # reserves whose reply was lost, by content
-        self.settle_loops: list[DriverLoop] = []  # every settle driver this publisher ran (tests read their rows)
+        # The last settle drivers this publisher ran, newest last (their fired rows say what decided an
+        # outcome); bounded: a long job publishes thousands of versions.
+        self.settle_loops: deque[DriverLoop] = deque(maxlen=16)
 
     # ---- entry points
     async def sync_incarnations(self) -> None:
@@ -308,7 +311,8 @@ class Publisher:
         return loop
 
     def seconds(self, deadline: str) -> float:
-        """A driver timer's seconds: the phase's deadline, capped by the run's no-progress bound."""
+        """A driver timer's seconds: the named deadline; the commit's is capped by the run's no-progress bound
+        (the bound covers staging and the commit, not the abort and cleanup that follow a missed phase)."""
         if deadline == "commit":
             return self._phase_limit("commit")[0]
         return float(getattr(self.deadlines, deadline))
