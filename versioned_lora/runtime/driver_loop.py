@@ -61,7 +61,7 @@ from versioned_lora.runtime.interfaces import (
 logger = logging.getLogger(__name__)
 
 RECLAIM_POLL_S = 5.0  # one reclaim call waits at most this long for the engine's refcount to drain
-RETRY_PAUSE_S = (0.05, 1.0)  # first and largest pause before a retried registry call
+RETRY_PAUSE_S = (0.05, 1.0)  # first and largest pause before a call retried after a Lost
 
 
 class DriverLoop:
@@ -84,7 +84,7 @@ class DriverLoop:
         self._inbox: asyncio.Queue[DriverInput] = asyncio.Queue()
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._calls: set[asyncio.Task[None]] = set()
-        self._retries: dict[str, int] = {}  # registry key -> how many times it was lost so far
+        self._retries: dict[str, int] = {}  # registry key or engine call -> times lost in a row so far
         loop = asyncio.get_running_loop()
         self._reported: asyncio.Future[Report] = loop.create_future()
         self._finished: asyncio.Future[Report] = loop.create_future()
@@ -118,7 +118,11 @@ class DriverLoop:
                 self.fired += step.fired
                 for command in step.commands:
                     self._execute(command)
-        except BaseException as exc:  # a ProtocolError is a bug: surface it to every waiter
+        except asyncio.CancelledError:  # the event loop is shutting down: nobody will read an outcome
+            for future in (self._reported, self._finished):
+                future.cancel()
+            raise
+        except Exception as exc:  # a ProtocolError is a bug: surface it to every waiter
             for future in (self._reported, self._finished):
                 if not future.done():
                     future.set_exception(exc)
