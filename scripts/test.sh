@@ -24,5 +24,8 @@ if [[ "${1:-}" == "--fast" ]]; then
 fi
 # The pure core must keep 100% statement and branch coverage: the run fails under it. tests/lifecycle
 # alone reaches it, so any run that includes that folder passes (tests/lifecycle/test_coverage_policy.py).
-.venv/bin/python -m pytest --cov=versioned_lora/lifecycle --cov-branch --cov-report=term-missing \
+# --tb=native: pytest's own traceback formatting re-parses each test's source with ast.parse, which on this
+# host's CPython 3.11.7 raised "SystemError: AST constructor recursion depth mismatch" while reporting a failure
+# and ended the whole run with an INTERNALERROR (the rest of the suite never ran, the failure never printed).
+.venv/bin/python -m pytest --tb=native --cov=versioned_lora/lifecycle --cov-branch --cov-report=term-missing \
     --cov-fail-under=100 ${selection[@]+"${selection[@]}"} "$@"

@@ -480,7 +480,3 @@ def confirmed_engines(state: ReclaimState) -> tuple[str, ...]:
     """The engines whose unload this reclaim confirmed to the registry."""
     return tuple(sorted(name for name, e in state.engines.items() if e.phase == "CONFIRMED"))
 
-
-def waiting_on(state: DriverState) -> Mapping[str, str]:
-    """Each sub-machine's phase, for logs and the status view."""
-    return {name: sub.phase for name, sub in state.engines.items()}

@@ -31,6 +31,8 @@ from versioned_lora.lifecycle.drivers import (
     Start,
     Submit,
     Timer,
+    confirmed_engines,
+    is_done,
     reclaim,
     settle,
 )
@@ -82,6 +84,19 @@ def test_an_uncovered_pair_is_the_protocol_error() -> None:
     assert DRIVERS.step(done, Cancel()).fired == ("settle.late_cancel",)
 
 
+def test_rows_naming_an_unknown_guard_or_command_are_refused_at_compile_time() -> None:
+    bad = attrs.evolve(DRIVER_ROWS[0], guards=("no_such_guard",), commands=("no_such_command",))
+    with pytest.raises(ValueError, match=r"no_such_command.*no_such_guard"):
+        Drivers((bad, *DRIVER_ROWS[1:]))
+
+
+def test_an_abort_answer_that_is_no_registry_reply_names_no_cleanup() -> None:
+    """An answer without a registry reply (an executor bug) cleans nothing: it lands on the late row."""
+    aborting = DRIVERS.step(settle(B, "t", -1, commit=False), Start()).state
+    step = DRIVERS.step(aborting, Answer(Call("abort"), None))
+    assert (step.fired, step.commands, step.state) == (("settle.late_reply",), (), aborting)
+
+
 # ---------------------------------------------------------------- the data-loss rows, exactly
 
 
@@ -130,6 +145,24 @@ def test_a_lost_claim_reclaims_nothing() -> None:
     assert fired == ["reclaim.start", "claim.lost", "claim.deadline"]
     assert not [c for c in commands if type(c).__name__ == "ReclaimEngine"]
     assert commands[-1] == Report(DriverOutcome.UNKNOWN)
+
+
+def test_a_reclaim_unloads_and_confirms_exactly_the_engines_its_claim_names() -> None:
+    orders = tuple(ReclaimOnEngine(e, B, f"n-{e}", "rid") for e in ENGINES)
+    claimed = Answer(Call("claim"), Reply(ReclaimClaimed(B, "rid", VersionState.RECLAIMING), orders, ("c0", "c1")))
+    state, fired, commands = _run(reclaim(B), Start(), claimed)
+    sent = [c for c in commands if type(c).__name__ == "ReclaimEngine"]
+    assert [(c.engine, c.reclaim_id, c.capability) for c in sent] == [("E0", "rid", "c0"), ("E1", "rid", "c1")]
+    confirms = {"E0": VersionState.RECLAIMING, "E1": VersionState.RECLAIMED}  # the last confirm frees the slot
+    for engine, after in confirms.items():
+        unload = Call("reclaim", engine)
+        state, more, commands = _run(state, Answer(unload, False), Answer(unload, True),
+                                     Answer(Call("confirm", engine), Reply(ReclaimConfirmed(B, engine, after))))
+        fired += more
+        assert any(isinstance(c, Submit) and c.key == f"confirm:rid:{engine}" for c in commands)
+    assert fired[-2:] == ["confirm.done", "reclaiming.all_confirmed"] and "unload.draining" in fired
+    assert is_done(state) and confirmed_engines(state) == ENGINES and state.reclaim_id == "rid"
+    assert commands[-1] == Report(DriverOutcome.RECLAIMED)
 
 
 # ---------------------------------------------------------------- every reachable state x every input
