@@ -277,13 +277,13 @@ class Publisher:
 
         self._commit_task = asyncio.ensure_future(final())
         try:
-            report = await loop.reported()
+            await loop.reported()
         except asyncio.CancelledError:
             loop.cancel()  # the caller gave up: row commit.cancel (the commit itself goes on)
             raise
         state = loop.state
         assert isinstance(state, drivers.SettleState)
-        if report.outcome is DriverOutcome.UNKNOWN and not loop.done:
+        if not loop.done:  # reported before its terminal phase: rows commit.deadline / commit.cancel (UNKNOWN)
             limit, key = self.seconds("commit"), drivers.commit_key(state)
             logger.warning("commit of %s missed its %.1fs deadline: outcome unknown, resolving by retrying %s",
                            version, limit, key)
