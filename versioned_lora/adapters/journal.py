@@ -20,6 +20,7 @@ import itertools
 import json
 import operator
 import pickle
+import secrets
 import sqlite3
 import threading
 import time
@@ -34,6 +35,7 @@ from immutables import Map
 from versioned_lora import lifecycle
 from versioned_lora.lifecycle import RegistryConfig, RegistryEvent, RegistryState
 from versioned_lora.runtime.interfaces import RegistryAnswer
+from versioned_lora.spec.model import ENCODED_WHEN_SET
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (k TEXT PRIMARY KEY, v TEXT NOT NULL);
@@ -128,6 +130,9 @@ def _encoder_for(cls: type) -> _Encoder:
         return lambda value: ["E", name, value.value]
     if attrs.has(cls):
         fields = tuple(f.name for f in attrs.fields(cls))
+        optional = [f for f in attrs.fields(cls) if f.metadata.get(ENCODED_WHEN_SET)]
+        if optional:
+            return _encoder_with_optional_tail(cls, fields, optional)
         if len(fields) == 1:
             (only,) = fields
             return lambda value: ["A", name, _items((getattr(value, only),))]
@@ -142,6 +147,27 @@ def _encoder_for(cls: type) -> _Encoder:
     if issubclass(cls, frozenset):
         return lambda value: ["F", sorted((encode(v) for v in value), key=_canonical)]
     raise TypeError(f"cannot encode {cls.__name__}")
+
+
+def _encoder_with_optional_tail(cls: type, fields: tuple[str, ...], optional: list[Any]) -> _Encoder:
+    """Fields added later (`ENCODED_WHEN_SET`, all at the end) are left out while at their default; `decode`
+    builds positionally, so a shorter list gets the defaults back."""
+    all_fields = attrs.fields(cls)
+    if [f.name for f in all_fields[len(fields) - len(optional):]] != [f.name for f in optional]:
+        raise TypeError(f"{cls.__name__}: fields encoded only when set must come last")
+    getter = operator.attrgetter(*fields)
+    defaults = [f.default for f in optional]
+    name = cls.__name__
+
+    def encode_value(value: Any) -> Any:
+        values = list(getter(value))
+        for default in reversed(defaults):
+            if values[-1] != default:
+                break
+            values.pop()
+        return ["A", name, _items(values)]
+
+    return encode_value
 
 
 def _encode_map(value: Map[Any, Any]) -> Any:
@@ -274,7 +300,11 @@ class CheckpointWriter:
         if check.hexdigest() != digest:  # before unpickling anything: a corrupted pickle fails in any way
             raise JournalCorrupt("checkpoint digest mismatch")
         records = itertools.chain.from_iterable(pickle.loads(data) for data in blobs)
-        state: RegistryState = attrs.evolve(pickle.loads(head), sessions=Map(records))
+        loaded = pickle.loads(head)
+        for field in attrs.fields(RegistryState):  # a checkpoint pickled before a field existed: its default
+            if field.name not in vars(loaded) and field.default is not attrs.NOTHING:
+                object.__setattr__(loaded, field.name, field.default)
+        state: RegistryState = attrs.evolve(loaded, sessions=Map(records))
         return state
 
 
@@ -325,6 +355,20 @@ class Journal:
             self._db.execute("INSERT INTO meta (k, v) VALUES ('config', ?)", (text,))
         elif row[0] != text:
             raise JournalConfigMismatch(f"{self.path} was written for {row[0]}, not {text}")
+
+    def id_salt(self) -> str:
+        """The salt of this journal's reclaim ids (`RegistryState.id_salt`): minted on first use from the OS's
+        random source and kept, so a registry recovered from this journal issues the ids it issued before. A
+        journal written before salts existed has none and gets none (its reclaim ids stay unsalted, as its
+        engines hold them; it is read as it is, never rewritten)."""
+        row = self._db.execute("SELECT v FROM meta WHERE k='id_salt'").fetchone()
+        if row is not None:
+            return str(row[0])
+        if self._db.execute("SELECT EXISTS (SELECT 1 FROM calls)").fetchone()[0]:
+            return ""
+        salt = secrets.token_hex(16)
+        self._db.execute("INSERT INTO meta (k, v) VALUES ('id_salt', ?)", (salt,))
+        return salt
 
     # ---- writes
     def append(

@@ -121,9 +121,11 @@ def initial_state(
     capacity: int = DEFAULT_CAPACITY,
     epoch: int = 0,
     incarnations: Mapping[str, int] | None = None,
+    id_salt: str = "",
 ) -> RegistryState:
     """An empty registry for a fixed engine set. Incarnation 0 means "not yet reported": the first
-    `EngineRestarted` from a freshly started engine moves it to the engine's real incarnation."""
+    `EngineRestarted` from a freshly started engine moves it to the engine's real incarnation. `id_salt`:
+    what keys the registry's reclaim ids (`RegistryState.id_salt`)."""
     engines = tuple(engines)
     if len(set(engines)) != len(engines) or not engines:
         raise ValueError(f"engines must be distinct and non-empty: {engines!r}")
@@ -141,6 +143,7 @@ def initial_state(
         default_revision=0,
         incarnations=Map({engine: known.get(engine, 0) for engine in engines}),
         attempts_issued=0,
+        id_salt=id_salt,
     )
 
 

@@ -102,7 +102,7 @@ def _registry_candidates(s: RegistryState, domain: EventDomain) -> Iterator[Regi
             yield RecordReady(key, live, engine, incarnation, digest)
             yield RecordUnknown(key, live, engine)
             yield RecordCleaned(key, live, engine)
-            yield ConfirmReclaim(key, engine, reclaim_id(key))
+            yield ConfirmReclaim(key, engine, reclaim_id(key, s.id_salt))
             if domain.faulty:
                 for record in (RecordPrepared, RecordReady):
                     yield record(key, live, engine, incarnation - 1, digest)

@@ -118,6 +118,7 @@ class RegistryDraft:
     default_revision: int
     incarnations: Map[str, int]
     attempts_issued: int
+    id_salt: str
 
     def freeze(self) -> RegistryState:
         self.__class__ = RegistryState  # type: ignore[assignment]  # the draft is used once, then is the state
@@ -350,7 +351,7 @@ def mark_failed_clean(d: RegistryDraft, e: RecordCleaned) -> None:
 
 
 def issue_reclaim_id(d: RegistryDraft, e: ClaimReclaim) -> None:
-    _set_version(d, attrs.evolve(d.versions[e.version], reclaim_id=reclaim_id(e.version)))
+    _set_version(d, attrs.evolve(d.versions[e.version], reclaim_id=reclaim_id(e.version, d.id_salt)))
 
 
 def mark_reclaimed(d: RegistryDraft, e: ConfirmReclaim) -> None:

@@ -3,6 +3,7 @@ restarts can be told apart from new requests."""
 
 from __future__ import annotations
 
+import hashlib
 import re
 from typing import NamedTuple
 
@@ -37,10 +38,23 @@ def lora_name(version: VersionKey, digest: str) -> str:
     return f"{LORA_NAME_PREFIX}{version.epoch}-{version.version_id}-{digest[:DIGEST_PREFIX_LEN]}"
 
 
-def reclaim_id(version: VersionKey) -> str:
-    """Stable per version: a version is reclaimed at most once per epoch, so the id never changes
-    across retries of `claim_reclaim` and engine unloads stay idempotent per id."""
-    return f"reclaim@{version.epoch}-{version.version_id}"
+RECLAIM_SALT_LEN = 16  # the part of a reclaim id nobody can compute without the registry's salt, in hex digits
+
+
+def reclaim_id(version: VersionKey, salt: str = "") -> str:
+    """Stable per version and registry: a version is reclaimed at most once per epoch, so the id never
+    changes across retries of `claim_reclaim` and engine unloads stay idempotent per id. Its last part is
+    keyed by the registry's `id_salt` (random per journal), so the id cannot be computed from the version's
+    name: only the registry's answers (and what the engines echo in their status) carry it. What stops an
+    unload the registry did not decide is the capability a keyed engine requires (`versioned_lora.capabilities`);
+    this keeps a guessed id from even naming a claim.
+
+    An empty salt gives the unsalted id of journals written before salts existed (and of the model checker),
+    so such a journal replays to the ids its engines hold."""
+    if not salt:
+        return f"reclaim@{version.epoch}-{version.version_id}"
+    keyed = hashlib.sha256(f"{salt}\x00{version.epoch}\x00{version.version_id}".encode()).hexdigest()
+    return f"reclaim@{version.epoch}-{version.version_id}-{keyed[:RECLAIM_SALT_LEN]}"
 
 
 def attempt_token(epoch: int, serial: int) -> str:

@@ -74,6 +74,11 @@ class SessionRecord:
     version: VersionKey | None  # the binding; fixed once set, dropped from the tombstone
 
 
+# Metadata of a field added to a journaled type after journals were written: the journal's encoding leaves it out
+# while it holds its default (adapters/journal.py), so what older code wrote reads, and digests, the same.
+ENCODED_WHEN_SET = "encoded_when_set"
+
+
 @attrs.frozen(slots=False)  # not slotted: lifecycle's RegistryDraft becomes the next state by retyping
 class RegistryState:
     config: RegistryConfig
@@ -86,6 +91,11 @@ class RegistryState:
     default_revision: int
     incarnations: Map[str, int]  # engine -> its current incarnation as the registry knows it
     attempts_issued: int  # attempt-token counter
+    # Mixed into reclaim ids (identities.reclaim_id) so that none can be computed from a name: minted once per
+    # journal by the registry's process and kept there, so a recovered registry issues the same ids. The model
+    # checker and the pure tests leave it empty. Added after journals were first written: encoded only when set
+    # (`ENCODED_WHEN_SET`), so a state without a salt encodes, and digests, as it did before the field existed.
+    id_salt: str = attrs.field(default="", metadata={ENCODED_WHEN_SET: True})
 
 
 @attrs.frozen
