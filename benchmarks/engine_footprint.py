@@ -37,6 +37,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.capabilities import KEY_FILE_ENV, write_key_file
 from versioned_lora.fixtures import FIXTURE_NAMES, QWEN3_0_6B_SHAPE, build_fixtures
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 
@@ -126,7 +127,8 @@ def main() -> None:
     engine = EngineProcess(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(), log_path=log,
                                         max_lora_rank=fixtures.lora_rank,
                                         lora_target_modules=fixtures.target_modules,
-                                        env={TOKEN_ENV: secrets.token_hex(16)}))
+                                        env={TOKEN_ENV: secrets.token_hex(16),
+                                             KEY_FILE_ENV: str(write_key_file(log.with_name("capability.key")))}))
     report: dict[str, Any] = {
         "benchmark": "engine_footprint", "fixture": args.fixture, "commit": commit(),
         "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),

@@ -27,7 +27,8 @@ transfer of the same buckets + one stock native load from the same tensors + the
 Not a test: nothing is asserted. Last line:
     tput_ratio=… p95_ratio=… gap_ratio=… failed=… aborted=… pauses=… publish_s=… floor_ratio=…
 
-    python benchmarks/online_publication.py [--quick] [--out runs/bench] [--engines URL0,URL1 --token T]
+    python benchmarks/online_publication.py [--quick] [--out runs/bench]
+        [--engines URL0,URL1 --token T --capability-key-file K]
 """
 
 from __future__ import annotations
@@ -49,6 +50,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.capabilities import write_key_file
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.report import jsonable
 from versioned_lora.demo.stack import PROBE_PROMPT, Stack, ensure_ray, new_token, start_engines
@@ -445,8 +447,9 @@ def last_line(managed: dict[str, Any], floor_ratio: float) -> str:
             f"publish_s={m['publish_s'][0]:.3f} floor_ratio={floor_ratio:.3f}")
 
 
-async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fixtures: Any, out: Path) -> int:
-    stack = Stack(urls, token, out, fixtures)
+async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fixtures: Any, out: Path,
+                key_file: Path) -> int:
+    stack = Stack(urls, token, out, fixtures, capability_key_file=key_file)
     stack.bucket_bytes = args.bucket_bytes
     bench = Bench(stack, args)
     try:
@@ -485,6 +488,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="window 8 s, offset 2 s, warm-up 4 s")
     parser.add_argument("--engines", help="attach to running engines: URL0,URL1 (default: start two)")
     parser.add_argument("--token", help="managed-endpoint token of the attached engines")
+    parser.add_argument("--capability-key-file", help="the capability key file the attached engines were started with")
     parser.add_argument("--fixture", default=TINY, choices=FIXTURE_NAMES,
                         help="model and adapters A/B (qwen3-0.6b-shape: r=64 on all seven modules, ~80 MB)")
     args = parser.parse_args(argv)
@@ -502,13 +506,17 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.engines:
             urls, token = args.engines.split(","), args.token
+            if not args.capability_key_file:
+                parser.error("--engines needs --capability-key-file: the key the engines were started with")
+            key_file = Path(args.capability_key_file)
         else:
             token = new_token()
+            key_file = write_key_file(out / "capability.key")  # the engines' and the registry actor's
             began = time.monotonic()
-            engines = start_engines(fixtures, out, token)
+            engines = start_engines(fixtures, out, token, capability_key_file=key_file)
             print(f"engines up in {time.monotonic() - began:.0f}s", flush=True)
             urls = [e.url for e in engines]
-        return asyncio.run(_main(args, urls, token, fixtures, out))
+        return asyncio.run(_main(args, urls, token, fixtures, out, key_file))
     finally:
         for engine in engines:
             engine.stop()

@@ -60,6 +60,7 @@ from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, 
 from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir, snapshot_from_tensors
+from versioned_lora.capabilities import KEY_FILE_ENV, write_key_file
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.stack import Stack, ensure_ray, new_token
 from versioned_lora.fixtures import QWEN3_0_6B_SHAPE, TINY, Fixtures, build_fixtures
@@ -188,12 +189,19 @@ async def publication_series(stack: Stack, snapshots: Sequence[Snapshot], reps: 
 # ---------------------------------------------------------------- stages
 
 
+def key_file_in(workdir: Path) -> Path:
+    """The run's capability key, shared by its engines and its registry actors (a managed engine needs one)."""
+    path = workdir / "capability.key"
+    return path if path.exists() else write_key_file(path)
+
+
 def start(fixtures: Fixtures, count: int, token: str, log_dir: Path, tag: str) -> list[EngineProcess]:
     configs = []
+    env = {TOKEN_ENV: token, KEY_FILE_ENV: str(key_file_in(log_dir.parent))}
     for index in range(count):
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
                                     log_path=log_dir / f"{tag}-E{index}.log", max_lora_rank=fixtures.lora_rank,
-                                    lora_target_modules=fixtures.target_modules, env={TOKEN_ENV: token}))
+                                    lora_target_modules=fixtures.target_modules, env=env))
         time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     return start_all(configs)
 
@@ -201,7 +209,8 @@ def start(fixtures: Fixtures, count: int, token: str, log_dir: Path, tag: str) -
 def stack_over(engines: Sequence[EngineProcess], token: str, workdir: Path, fixtures: Fixtures,
                probe: list[int], reference: ReferenceModel | None, bucket_bytes: int) -> Stack:
     return Stack([e.url for e in engines], token, workdir, fixtures, probe_prompt=probe, reference=reference,
-                 bucket_bytes=bucket_bytes, bucket_deadline_s=120.0, client_timeout_s=600.0)
+                 bucket_bytes=bucket_bytes, bucket_deadline_s=120.0, client_timeout_s=600.0,
+                 capability_key_file=key_file_in(workdir))
 
 
 def rank_cut(snapshot: Snapshot, rank: int, modules: tuple[str, ...]) -> Snapshot:

@@ -15,6 +15,7 @@ from pathlib import Path
 from gpu_validation.engines import DEFAULT_BUCKET_BYTES, TOKEN_ENV, LaunchSpec, start_engine, stop_engine
 from gpu_validation.harness import Options, run_all
 from gpu_validation.report import write_reports
+from versioned_lora.capabilities import KEY_FILE_ENV, write_key_file
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -29,6 +30,9 @@ def _parser() -> argparse.ArgumentParser:
     run.add_argument("--model", type=Path, help="model directory (default: the tiny Qwen3 fixture)")
     run.add_argument("--adapters", help="A_DIR,B_DIR: two PEFT adapters (default: fixture adapters A and B)")
     run.add_argument("--token", help=f"managed-endpoint token (default: ${TOKEN_ENV}; with --launch, a new one)")
+    run.add_argument("--capability-key-file", type=Path,
+                     help=f"the capability key the engines were started with (default: ${KEY_FILE_ENV}; with "
+                          f"--launch, a new one in --out)")
     run.add_argument(
         "--gpu", action="store_true", help="engines serve on CUDA (those the harness starts; the link joins with NCCL)"
     )
@@ -54,7 +58,15 @@ async def _main(args: argparse.Namespace) -> int:
                     else {v: fixtures.adapters[v] for v in "AB"})  # fmt: skip
     token = args.token or os.environ.get(TOKEN_ENV) or (secrets.token_hex(16) if args.launch else None)
     args.out.mkdir(parents=True, exist_ok=True)
-    spec = LaunchSpec(model_dir=model_dir, token=token or "", log_dir=args.out / "engine-logs", gpu=args.gpu,
+    key_file = args.capability_key_file or (Path(os.environ[KEY_FILE_ENV]) if os.environ.get(KEY_FILE_ENV) else None)
+    if key_file is None and args.launch:
+        key_file = write_key_file(args.out / "capability.key")
+    if key_file is None:
+        print(f"give --capability-key-file (or ${KEY_FILE_ENV}): the key the engines were started with",
+              file=sys.stderr)
+        return 2
+    spec = LaunchSpec(model_dir=model_dir, token=token or "", log_dir=args.out / "engine-logs", key_file=key_file,
+                      gpu=args.gpu,
                       max_lora_rank=args.max_lora_rank,
                       lora_target_modules=tuple(args.lora_target_modules.split(",")))  # fmt: skip
     launched = []

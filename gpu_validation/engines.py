@@ -18,6 +18,7 @@ from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot
+from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
 
 # The managed endpoints read their shared secret from this variable (sglang_patches/managed/endpoints.TOKEN_ENV);
 # spelled out here so the harness does not import SGLang just to name it.
@@ -49,9 +50,13 @@ class Engine:
     transfer group this harness formed with its current incarnation."""
 
     def __init__(
-        self, label: str, url: str, token: str | None, transport: str, bucket_bytes: int, device: str = "cpu"
+        self, label: str, url: str, token: str | None, transport: str, bucket_bytes: int, device: str = "cpu",
+        *, capability_key: bytes,
     ) -> None:
         self.label = label
+        # The harness is its own registry (it decides its default switch and its reclaims): it signs the
+        # cleanups and reclaims it sends with the key the engines were started with.
+        self._key = capability_key
         self.device = device  # the harness's side of the link: "cuda" (NCCL) for engines that serve on a GPU
         self.url = url
         self.client = SGLangClient(url, timeout_s=600.0, token=token)
@@ -99,8 +104,10 @@ class Engine:
         return await self.end(handle, name, attempt, probe)
 
     async def reclaim(self, name: str) -> dict[str, Any]:
-        answer = await self.client.managed("reclaim", lora_name=name, reclaim_id=f"gv-reclaim-{name}", wait_s=60.0,
-                                           http_timeout_s=120.0)  # fmt: skip
+        reclaim_id = f"gv-reclaim-{name}"
+        answer = await self.client.managed("reclaim", lora_name=name, reclaim_id=reclaim_id, wait_s=60.0,
+                                           http_timeout_s=120.0,
+                                           capability=mint(self._key, Action.RECLAIM, name, reclaim_id))  # fmt: skip
         self._ready.discard(name)
         self._staged.pop(name, None)
         return answer
@@ -115,7 +122,8 @@ class Engine:
                 errors.append(f"reclaim {name}: {exc}")
         for name, attempt in sorted(self._staged.items()):
             try:
-                await self.client.managed("cleanup", lora_name=name, attempt_token=attempt)
+                await self.client.managed("cleanup", lora_name=name, attempt_token=attempt,
+                                          capability=mint(self._key, Action.CLEANUP, name, attempt))
             except Exception as exc:
                 errors.append(f"cleanup {name}: {exc}")
         self._staged.clear()
@@ -153,6 +161,7 @@ class LaunchSpec:
     model_dir: Path
     token: str
     log_dir: Path
+    key_file: Path  # the capability key the engines and this harness share
     gpu: bool = False
     max_lora_rank: int = 8
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")
@@ -162,7 +171,7 @@ class LaunchSpec:
         return EngineConfig(
             model_dir=self.model_dir, port=free_port_block(), max_lora_rank=self.max_lora_rank,
             lora_target_modules=self.lora_target_modules, patches=patches, cpu=not self.gpu,
-            log_path=self.log_dir / f"{label}.log", env={TOKEN_ENV: self.token},
+            log_path=self.log_dir / f"{label}.log", env={TOKEN_ENV: self.token, KEY_FILE_ENV: str(self.key_file)},
         )  # fmt: skip
 
 

@@ -18,6 +18,7 @@ from gpu_validation.checks import Baseline, Check
 from gpu_validation.config import DEFAULT_SESSIONS, PreRegistered, SessionPlan, build_preregistered
 from gpu_validation.engines import DEFAULT_BUCKET_BYTES, Engine, LaunchSpec, Observation, start_engine, stop_engine
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
+from versioned_lora.capabilities import parse_key
 from versioned_lora.spec.identities import VersionKey, lora_name
 
 
@@ -67,7 +68,8 @@ class Run:
 
     def engine(self, label: str, url: str) -> Engine:
         device = "cuda" if self.options.launch.gpu else "cpu"  # the link's backend must match the engines'
-        return Engine(label, url, self.options.token, self.options.transport, self.options.bucket_bytes, device)
+        return Engine(label, url, self.options.token, self.options.transport, self.options.bucket_bytes, device,
+                      capability_key=parse_key(self.options.launch.key_file.read_text()))
 
     async def score(self, engine: Engine, name: str, prefix_id: str, phase: str) -> Observation:
         observation = await engine.score(name, prefix_id, self.pre.prefix(prefix_id).token_ids, self.new_tokens, phase)

@@ -16,6 +16,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from versioned_lora.capabilities import write_key_file
 from versioned_lora.demo.stack import Stack, ensure_ray, load_fixtures, new_token, start_engines
 
 OUT = Path(__file__).parents[1] / "docs" / "status-screen.txt"
@@ -52,7 +53,7 @@ def capture(command: str) -> str:
 async def screen(urls: list[str], token: str, workdir: Path) -> str:
     import ray
 
-    stack = Stack(urls, token, workdir, load_fixtures())
+    stack = Stack(urls, token, workdir, load_fixtures(), capability_key_file=workdir / "capability.key")
     try:
         await prepare(stack)
         address = ray.get_runtime_context().gcs_address
@@ -75,7 +76,8 @@ def main() -> int:
     token = new_token()
     workdir = Path(tempfile.mkdtemp(prefix="status-screen-"))
     started_ray = ensure_ray()
-    engines = start_engines(load_fixtures(), workdir, token)
+    key_file = write_key_file(workdir / "capability.key")  # the engines' and the registry actor's
+    engines = start_engines(load_fixtures(), workdir, token, capability_key_file=key_file)
     try:
         OUT.write_text(asyncio.run(screen([e.url for e in engines], token, workdir)))
         print(OUT.read_text())

@@ -13,11 +13,12 @@ from pathlib import Path
 
 import attrs
 import pytest
-from engine_helpers import TEST_ENGINE_ARGS, TEST_TOKEN
+from engine_helpers import TEST_ENGINE_ARGS, engine_env
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.fixtures import Fixtures, build_fixtures
-from versioned_lora.sglang_patches.managed.endpoints import SOURCE_ROOT_ENV, TOKEN_ENV
+from versioned_lora.sglang_patches.managed import hold_points
+from versioned_lora.sglang_patches.managed.endpoints import SOURCE_ROOT_ENV
 
 ALLOWLIST_PATH = Path(__file__).with_name("skip_allowlist.txt")
 
@@ -121,8 +122,10 @@ def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Ite
             log_path=log_dir / f"E{i}.log",
             extra_args=TEST_ENGINE_ARGS,
             # Disk-sourced begins read the fixture cache and the tests' own temporary directories.
-            env={TOKEN_ENV: TEST_TOKEN,
-                 SOURCE_ROOT_ENV: os.pathsep.join([str(fixtures.root), str(tmp_path_factory.getbasetemp())])},
+            # Hold points inside the engine's calls (managed/hold_points.py), for the kill tests.
+            env=engine_env(**{SOURCE_ROOT_ENV: os.pathsep.join([str(fixtures.root),
+                                                                str(tmp_path_factory.getbasetemp())]),
+                              hold_points.ENV: "1"}),
         )
         for i in range(2)
     ]

@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import os
+import subprocess
+import sys
+import tempfile
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -11,7 +15,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any, TypeVar
 
+from versioned_lora import capabilities
 from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
+from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 
 T = TypeVar("T")
 
@@ -28,10 +35,58 @@ TEST_TOKEN = "test-secret-7f3a"
 TEST_ENGINE_ARGS = ("--abort-on-priority-when-disabled",)
 
 
-def client_for(engine: Any, token: str | None = TEST_TOKEN) -> SGLangClient:
+# ---- the registry's capability key of the test session (issue 19) -------------------------------------------
+#
+# Every managed engine requires the registry's capability key; the suite's engines share one, written once per
+# test process by a child process into a 0600 file. The registry actors of the e2e tests read that file in
+# their own processes (`capability_key_file`), and the Publisher and Reclaimer only pass on what the registry
+# answered: their clients (`demo.Stack`'s) never sign. Tests that call an engine's cleanup or reclaim by hand
+# stand where the registry stands, and their clients (`client_for`) sign those calls with the key.
+
+_KEY_FILE = Path(tempfile.gettempdir()) / f"versioned-lora-test-{os.getpid()}" / "capability.key"
+
+
+def capability_key_file() -> Path:
+    if not _KEY_FILE.exists():
+        subprocess.run([sys.executable, "-c", "import sys, pathlib; from versioned_lora.capabilities import "
+                        "write_key_file; write_key_file(pathlib.Path(sys.argv[1]))", str(_KEY_FILE)], check=True)
+    return _KEY_FILE
+
+
+def engine_env(**extra: str) -> dict[str, str]:
+    """What a test engine with the managed patch set is started with: the token and the session's key file."""
+    return {TOKEN_ENV: TEST_TOKEN, KEY_FILE_ENV: str(capability_key_file()), **extra}
+
+
+_ACTIONS = {"cleanup": (Action.CLEANUP, "attempt_token"), "reclaim": (Action.RECLAIM, "reclaim_id")}
+
+
+class RegistrySigningClient(SGLangClient):
+    """A test's own client: its cleanups and reclaims carry the capability the registry would mint for them
+    (unless the test gives one, or a body whose name or reference is not a string: then it is sent as given)."""
+
+    def __init__(self, *args: Any, key: bytes, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._key = key
+
+    async def managed(self, operation: str, http_timeout_s: float | None = None, **body: Any) -> dict[str, Any]:
+        action = _ACTIONS.get(operation)
+        if action is not None and "capability" not in body:
+            name, reference = body.get("lora_name"), body.get(action[1])
+            if isinstance(name, str) and isinstance(reference, str):
+                body["capability"] = mint(self._key, action[0], name, reference)
+        return await super().managed(operation, http_timeout_s, **body)
+
+
+def client_for(engine: Any, token: str | None = TEST_TOKEN, sign: bool = True) -> SGLangClient:
+    """`sign=False`: a client that holds no key, as the Publisher's and the Reclaimer's do."""
     # A generous timeout: on a loaded 2-core host a long test generation can take minutes; a timeout
     # here would only turn slowness into an UnknownOutcome.
-    return SGLangClient(engine.url, timeout_s=600.0, token=token)
+    url = engine if isinstance(engine, str) else engine.url
+    if not sign:
+        return SGLangClient(url, timeout_s=600.0, token=token)
+    key = capabilities.parse_key(capability_key_file().read_text())
+    return RegistrySigningClient(url, timeout_s=600.0, token=token, key=key)
 
 
 def fresh_name(label: str) -> str:
@@ -53,14 +108,19 @@ async def loaded_adapter(
             await client.unload_lora_adapter(name)
 
 
-async def wait_until(predicate: Callable[[], Awaitable[bool]], timeout_s: float = 30.0, poll_s: float = 0.05) -> float:
-    """Poll until `predicate()` is true; returns the monotonic time it became true."""
+async def wait_until(
+    predicate: Callable[[], Awaitable[bool]], timeout_s: float = 30.0, poll_s: float = 0.05,
+    last: Callable[[], object] | None = None,
+) -> float:
+    """Poll until `predicate()` is true; returns the monotonic time it became true. `last()`, if given, says in
+    the timeout's message what was last seen."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if await predicate():
             return time.monotonic()
         await asyncio.sleep(poll_s)
-    raise TimeoutError(f"condition not reached within {timeout_s}s")
+    seen = "" if last is None else f"; last seen: {last()!r}"
+    raise TimeoutError(f"condition not reached within {timeout_s}s{seen}")
 
 
 async def refcount(client: SGLangClient, name: str) -> int | None:

@@ -1,7 +1,10 @@
 """``versioned-lora``: command-line entry points.
 
 - ``versioned-lora engine --port P --model DIR``: one SGLang engine with the versioned-lora patches; with
-  the managed set and no ``$VERSIONED_LORA_TOKEN``, a new token is written 0600 to ``<log>.token``.
+  the managed set and no ``$VERSIONED_LORA_TOKEN``, a new token is written 0600 to ``<log>.token``; its
+  capability key is ``--capability-key-file`` (or ``$VERSIONED_LORA_CAPABILITY_KEY_FILE``), else the file
+  ``versioned_lora.capability.key`` beside the log, created 0600 if absent (engines started with logs in one
+  directory share it; give its path to the registry actor).
 - ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
   (``tiny``, the default, or ``qwen3-0.6b-shape``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
@@ -19,6 +22,7 @@ import sys
 import time
 from pathlib import Path
 
+from versioned_lora import capabilities
 from versioned_lora.adapters.engine_process import DEFAULT_PATCHES, EngineConfig, EngineProcess, default_log_path
 from versioned_lora.fixtures import FIXTURE_NAMES, TINY, build_fixtures
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV, TOKEN_HEADER
@@ -47,6 +51,27 @@ def engine_token(patches: tuple[str, ...], log_path: Path) -> tuple[dict[str, st
     return {TOKEN_ENV: token}, write_token_file(log_path.with_name(f"{log_path.name}.token"), token)
 
 
+CAPABILITY_KEY_NAME = "versioned_lora.capability.key"
+
+
+def engine_capability_key(
+    patches: tuple[str, ...], log_path: Path, given: str | None
+) -> tuple[dict[str, str], Path | None]:
+    """The capability key file a managed engine requires (docs/integration.md, 'Capabilities'): `given`, else
+    $VERSIONED_LORA_CAPABILITY_KEY_FILE or $VERSIONED_LORA_CAPABILITY_KEY as set, else
+    `<log dir>/versioned_lora.capability.key`, created 0600 if absent. Returns the engine's env and the file
+    created, if any."""
+    if "managed" not in patches:
+        return {}, None
+    if given:
+        return {capabilities.KEY_FILE_ENV: given}, None
+    if os.environ.get(capabilities.KEY_FILE_ENV) or os.environ.get(capabilities.KEY_ENV):
+        return {}, None  # inherited by the engine's process
+    path = log_path.with_name(CAPABILITY_KEY_NAME)
+    created = None if path.exists() else capabilities.write_key_file(path)
+    return {capabilities.KEY_FILE_ENV: str(path)}, created
+
+
 def _engine(args: argparse.Namespace) -> int:
     model_dir = Path(args.model) if args.model else build_fixtures().model_dir
     patches = tuple(p for p in args.patches.split(",") if p)
@@ -54,6 +79,11 @@ def _engine(args: argparse.Namespace) -> int:
     env, token_file = engine_token(patches, log_path)
     if token_file is not None:
         print(f"managed-endpoint token written to {token_file} (mode 0600; send it as {TOKEN_HEADER})", flush=True)
+    key_env, key_file = engine_capability_key(patches, log_path, args.capability_key_file)
+    env.update(key_env)
+    if key_file is not None:
+        print(f"capability key written to {key_file} (mode 0600; the registry actor needs it too: "
+              f"create_registry_actor(capability_key_file=...))", flush=True)
     engine = EngineProcess(
         EngineConfig(
             model_dir=model_dir,
@@ -114,6 +144,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--gpu", action="store_true", help="serve on CUDA (default: the CPU configuration)")
     engine.add_argument("--log", help="log file (default /tmp/versioned_lora_engine_<port>.log); a generated "
                         "token goes beside it, in <log>.token")
+    engine.add_argument("--capability-key-file", help="the registry's capability key file (default: "
+                        f"${capabilities.KEY_FILE_ENV}, else {CAPABILITY_KEY_NAME} beside the log, created if absent)")
     engine.add_argument("--enable-metrics", action="store_true", help="SGLang's Prometheus /metrics, with the "
                         "managed patch's versioned_lora_engine_* series")
     engine.set_defaults(func=_engine)

@@ -8,8 +8,8 @@ valid name for a new candidate, `$GROUP` a group name of this incarnation.
 
 `reason` is the typed reason the answer must carry, `names` what its message or `field` must name (the field
 unless given). Endpoints: the managed ones (`begin`, `receive_bucket`, `end`, `cleanup`, `reclaim`,
-`init_group`), `generate` (/generate), `reserve` (the Ray registry actor's Reserve), `snapshot` (the snapshot
-builder, before any reserve).
+`init_group`), `generate` (/generate), `route` (a serving route other than /generate, sent to `$PATH`),
+`reserve` (the Ray registry actor's Reserve), `snapshot` (the snapshot builder, before any reserve).
 """
 
 from __future__ import annotations
@@ -190,6 +190,35 @@ def _rows() -> list[Row]:
         set={"extra_key": "$M_LORA_ID"})
     add("generate", "extra_key", "base_request_embeds_managed_lora_id", "CACHE_KEY_REFUSED", base="generate_base",
         set={"extra_key": "x$M_LORA_ID|ns"})
+    # ---- the test-only hold points (managed/hold_points.py; the suite's engines have them)
+    add("test_hold", "point", "unknown", "MALFORMED_REQUEST", set={"point": "nowhere"})
+    add("test_hold", "point", "integer", "MALFORMED_REQUEST", set={"point": 3})
+    add("test_hold", "lora_name", "not_managed", "NOT_MANAGED", set={"lora_name": "plain-name"})
+    add("test_hold", "release", "string", "MALFORMED_REQUEST", set={"release": "yes"})
+    add("test_hold", "extra", "unknown_field", "UNKNOWN_FIELD", set={"extra": 1})
+    add("test_hold", "token", "missing", "UNAUTHORIZED", headers={}, names="token")
+    # ---- serving routes other than /generate (managed/route_gate.py): refused before a handler reads the body;
+    # the out-of-vocabulary completion crashed nothing before either (the tokenizer manager checks token ids)
+    for fault, path, body in (
+        ("v1_completions", "/v1/completions", {"model": "m", "prompt": [1, 2, 3], "max_tokens": 2}),
+        ("v1_completions_managed_extra_key", "/v1/completions",
+         {"model": "m", "prompt": [1, 2, 3], "max_tokens": 2, "extra_key": "$M_LORA_ID"}),
+        ("v1_completions_out_of_vocab", "/v1/completions", {"model": "m", "prompt": [600, 700], "max_tokens": 2}),
+        ("v1_chat_completions", "/v1/chat/completions",
+         {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}),
+        ("v1_responses", "/v1/responses", {"model": "m", "input": "hi"}),
+        ("v1_score", "/v1/score", {"model": "m", "query": "a", "items": ["b"]}),
+        ("v1_messages", "/v1/messages",
+         {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}]}),
+        ("v1_not_a_route", "/v1/not-a-route", {}),
+        ("encode", "/encode", {"input_ids": [1, 2, 3]}),
+        ("classify", "/classify", {"input_ids": [1, 2, 3]}),
+        ("invocations", "/invocations", {"input_ids": [1, 2, 3]}),
+        ("vertex_predict", "/vertex_generate", {"instances": [{"input_ids": [1, 2, 3]}]}),
+        ("ollama_generate", "/api/generate", {"model": "m", "prompt": "hi"}),
+        ("ollama_chat", "/api/chat", {"model": "m", "messages": [{"role": "user", "content": "hi"}]}),
+    ):
+        add("route", "path", fault, "ROUTE_NOT_SERVED", base="route", set={"$PATH": path, **body}, names="path")
     # ---- the registry's Reserve (Ray actor), before anything is taken
     add("reserve", "version_id", "negative_int", "INVALID_IDENTITY", set={"version_id": -1})
     add("reserve", "version_id", "int_10e30", "INVALID_IDENTITY", set={"version_id": 10**30})

@@ -71,6 +71,8 @@ def _bases(ctx: Boundary) -> dict[str, dict[str, Any]]:
                        "timeout_s": 0.5},
         "generate": {"input_ids": list(PROMPT), "lora_path": ctx.m.name, "sampling_params": {"max_new_tokens": 2}},
         "generate_base": {"input_ids": list(PROMPT), "sampling_params": {"max_new_tokens": 2}},
+        "route": {},
+        "test_hold": {"point": "load", "lora_name": ctx.m.name},
     }
 
 
@@ -147,6 +149,7 @@ def send(ctx: Boundary, row: Row) -> Outcome:
         return _snapshot(ctx, row)
     headers = {TOKEN_HEADER: TEST_TOKEN} if row.headers is None else _fill(row.headers, subs)
     headers = {key: value.encode("latin-1") for key, value in headers.items()}  # a non-ASCII token travels too
+    path = "/generate" if row.endpoint == "generate" else f"/versioned_lora/{row.endpoint}"
     if row.raw is not None:
         content = _fill(row.raw, subs) if len(row.raw) < 1 << 20 else row.raw
     else:
@@ -160,8 +163,8 @@ def send(ctx: Boundary, row: Row) -> Outcome:
                 body.pop(key, None)
             else:
                 body[key] = _fill(value, subs)
+        path = body.pop("$PATH", path)  # a `route` row names the serving route it is sent to
         content = json.dumps(body).encode()
-    path = "/generate" if row.endpoint == "generate" else f"/versioned_lora/{row.endpoint}"
     with httpx.Client(base_url=ctx.url, timeout=120.0) as client:
         response = client.post(path, content=content,
                                headers={"content-type": b"application/json", **headers})

@@ -16,14 +16,15 @@ from pathlib import Path
 
 import pytest
 from conftest import Boundary
-from engine_helpers import PROMPT, client_for, managed_view
+from engine_helpers import PROMPT, TEST_TOKEN, client_for, managed_view
 
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, EngineStartError, free_port_block
 from versioned_lora.adapters.manifest import manifest_from_tensors
 from versioned_lora.adapters.sglang_client import ManagedRefusal
 from versioned_lora.adapters.snapshot import Snapshot
-from versioned_lora.cli import engine_token
+from versioned_lora.capabilities import KEY_ENV, KEY_FILE_ENV, parse_key
+from versioned_lora.cli import CAPABILITY_KEY_NAME, engine_capability_key, engine_token
 from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.identities import VersionKey, lora_name
 
@@ -70,6 +71,30 @@ def test_managed_engine_refuses_to_start_without_token(fixtures, tmp_path: Path)
         with pytest.raises(EngineStartError, match="MissingToken"):
             engine.start(timeout_s=240)
         assert engine._proc is not None and engine._proc.poll() is not None
+
+
+def test_managed_engine_refuses_to_start_without_the_capability_key(fixtures, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    engine = EngineProcess(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
+                                        log_path=tmp_path / "no-key.log", env={TOKEN_ENV: TEST_TOKEN}))
+    with pytest.raises(EngineStartError, match="MissingCapabilityKey"):
+        engine.start(timeout_s=240)
+    assert engine._proc is not None and engine._proc.poll() is not None
+
+
+def test_cli_finds_or_creates_one_capability_key_file_per_log_directory(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(KEY_FILE_ENV, raising=False)
+    monkeypatch.delenv(KEY_ENV, raising=False)
+    managed = ("cpu", "introspection", "managed")
+    env, created = engine_capability_key(managed, tmp_path / "e0.log", None)
+    assert created == tmp_path / CAPABILITY_KEY_NAME and env == {KEY_FILE_ENV: str(created)}
+    assert stat.S_IMODE(os.stat(created).st_mode) == 0o600 and len(parse_key(created.read_text())) == 32
+    again, none = engine_capability_key(managed, tmp_path / "e1.log", None)  # a second engine: the same key
+    assert again == env and none is None
+    assert engine_capability_key(managed, tmp_path / "e2.log", "/keys/k") == ({KEY_FILE_ENV: "/keys/k"}, None)
+    assert engine_capability_key(("cpu", "introspection"), tmp_path / "e3.log", None) == ({}, None)
+    monkeypatch.setenv(KEY_FILE_ENV, "/from/the/environment")
+    assert engine_capability_key(managed, tmp_path / "e4.log", None) == ({}, None)  # the engine inherits it
 
 
 def test_cli_generates_a_token_file_readable_by_its_owner_only(tmp_path: Path,

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from engine_helpers import TEST_TOKEN
+from engine_helpers import TEST_TOKEN, capability_key_file
 
 from versioned_lora.adapters.manifest import MANIFEST_FORMAT_V2
 from versioned_lora.demo import run_demo
@@ -14,7 +14,8 @@ from versioned_lora.demo import run_demo
 
 def test_demo_story_holds_under_traffic(engines, fixtures, ray_cluster, tmp_path) -> None:  # type: ignore[no-untyped-def]
     args = argparse.Namespace(out=str(tmp_path), duration=20.0, concurrency=3, turns=3,
-                              engines=f"{engines.e0.url},{engines.e1.url}", token=TEST_TOKEN, no_live=True)
+                              engines=f"{engines.e0.url},{engines.e1.url}", token=TEST_TOKEN,
+                              capability_key_file=str(capability_key_file()), no_live=True)
     assert run_demo(args) == 0
 
     report = json.loads((tmp_path / "report.json").read_text())

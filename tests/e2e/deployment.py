@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from engine_helpers import PROMPT, TEST_TOKEN
+from engine_helpers import PROMPT, TEST_TOKEN, capability_key_file
 
 from versioned_lora.adapters.reference_forward import ReferenceModel
 from versioned_lora.demo.stack import Stack
@@ -29,6 +29,12 @@ def route_by_session_name(request: BackendRequest) -> int:
     return 1 if request.rid.split("/", 1)[0].endswith("@E1") else 0
 
 
+# The library's default deadlines with more room where the suite's loaded 2-core host was seen to need it: the
+# first begin on an engine (a transfer group formed, then `begin`) once took over 30 s in CI. Liveness bounds,
+# not speed targets; the tests of a deadline set their own.
+LOADED_HOST_DEADLINES = Deadlines(reserve=30.0, begin=90.0, bucket=60.0, commit=30.0, abort=30.0, report=30.0)
+
+
 class Deployment(Stack):
     def __init__(self, engines: Any, fixtures: Any, tmp_path: Path, deadlines: Deadlines | None = None) -> None:
         super().__init__(
@@ -36,13 +42,15 @@ class Deployment(Stack):
             TEST_TOKEN,
             tmp_path,
             fixtures,
-            deadlines=deadlines,
+            deadlines=deadlines or LOADED_HOST_DEADLINES,
             probe_prompt=PROMPT,
             reference=reference_model(fixtures.model_dir),
             route=route_by_session_name,
             bucket_deadline_s=20.0,
             # A long test generation can take minutes on a loaded 2-core host (see engine_helpers.client_for).
             client_timeout_s=600.0,
+            # Read by the registry actor in its own process; this process's Publisher and Reclaimer never sign.
+            capability_key_file=capability_key_file(),
         )
         self.engines = engines
         self.binder = self.new_binder(self.backend, shard=0)

@@ -21,16 +21,17 @@ import attrs
 import pytest
 import torch
 from deployment import Deployment, engine_wide_deltas
-from engine_helpers import PROMPT, TEST_ENGINE_ARGS, TEST_TOKEN, client_for, publish_from_disk, run
+from engine_helpers import PROMPT, TEST_ENGINE_ARGS, client_for, engine_env, publish_from_disk, run
 
+from versioned_lora.adapters import engine_staging
 from versioned_lora.adapters.engine_process import EngineConfig, free_port_block, start_all
 from versioned_lora.adapters.sglang_client import UnknownOutcome
 from versioned_lora.adapters.snapshot import snapshot_from_peft_model
 from versioned_lora.lifecycle import Reserve
 from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.runtime.session_binder import NoPublishedVersion
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.states import VersionState
+from versioned_lora.spec.wire import PROTOCOL_MISMATCH, PROTOCOL_VERSION
 
 LOGPROB_TOLERANCE = 0.02  # fixed before the run (see the module docstring)
 TOOL_TOKENS = [401, 402, 403]
@@ -56,7 +57,7 @@ async def assert_match_clean_baselines(fixtures, log_dir: Path, served: list[Ser
     versions = sorted({s.version for s in served})
     configs = [
         EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(), log_path=log_dir / f"baseline-{v}.log",
-                     extra_args=TEST_ENGINE_ARGS, env={TOKEN_ENV: TEST_TOKEN})
+                     extra_args=TEST_ENGINE_ARGS, env=engine_env())
         for v in versions
     ]  # fmt: skip
     processes = await asyncio.to_thread(start_all, configs)
@@ -92,15 +93,16 @@ async def deployed(engines, fixtures, tmp_path) -> AsyncIterator[Deployment]:  #
         yield deployment
     finally:
         # Test teardown (not the protocol): unload whatever this deployment left on the engines so
-        # later tests find free managed slots.
-        for client in deployment.clients.values():
-            try:
-                status = await client.status()
-            except UnknownOutcome:  # an engine a test killed: its restart starts with nothing loaded
-                continue
-            for adapter in status["managed"]:
-                if adapter["state"] in ("READY", "STAGING") and str(deployment.epoch) in adapter["name"]:
-                    await client.managed("reclaim", lora_name=adapter["name"], reclaim_id="teardown", wait_s=60)
+        # later tests find free managed slots (signed by the test's own client: it stands where the registry does).
+        for deployment_client in deployment.clients.values():
+            async with client_for(deployment_client.base_url) as client:
+                try:
+                    status = await client.status()
+                except UnknownOutcome:  # an engine a test killed: its restart starts with nothing loaded
+                    continue
+                for adapter in status["managed"]:
+                    if adapter["state"] in ("READY", "STAGING") and str(deployment.epoch) in adapter["name"]:
+                        await client.managed("reclaim", lora_name=adapter["name"], reclaim_id="teardown", wait_s=60)
         await deployment.close()
 
 
@@ -257,6 +259,35 @@ def test_duplicate_publication_and_content_conflict(engines, fixtures, tmp_path)
             _, other = d.candidate("B")
             conflict = await d.registry.submit(Reserve(a_version, other.snapshot.digest))
             assert isinstance(conflict.result, Rejected) and str(conflict.result.reason) == "VERSION_CONFLICT"
+
+    run(body())
+
+
+def test_an_engine_speaking_another_protocol_version_is_refused_before_any_begin(
+    engines, fixtures, tmp_path, monkeypatch
+) -> None:
+    """The real engines advertise protocol PROTOCOL_VERSION; this publisher is made to speak the next one (the
+    engines cannot be made to speak another version on demand, the publisher's constant can). The first link
+    to each engine incarnation reads the advertised version and refuses, typed, before a `begin` is sent; the
+    attempt is aborted and cleaned (FAILED_CLEAN), and the same version publishes once both ends agree."""
+    async def body() -> None:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            before = await d.audit()
+            monkeypatch.setattr(engine_staging, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
+            refused = await d.publisher.publish(a_version, a)
+            assert (refused.status, refused.reason) == ("FAILED_CLEAN", "EngineRefused"), refused
+            assert refused.detail is not None and refused.detail.startswith(f"{PROTOCOL_MISMATCH}: engine E")
+            assert f"speaks managed protocol {PROTOCOL_VERSION}, this publisher {PROTOCOL_VERSION + 1}" in (
+                refused.detail)
+            after = await d.audit()
+            assert {e: a["managed_begin"] for e, a in after.items()} == {
+                e: a["managed_begin"] for e, a in before.items()}  # no begin reached either engine
+            view = await d.registry.publication_view()
+            assert view.versions[a_version].state is VersionState.FAILED_CLEAN and view.default is None
+            assert view.managed_count() == 0  # cleaned on both (nothing was staged): the slot is free
+            monkeypatch.undo()
+            assert (await d.publisher.publish(a_version, a)).committed
 
     run(body())
 

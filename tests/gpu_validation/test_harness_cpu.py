@@ -6,14 +6,15 @@ from __future__ import annotations
 
 import json
 
-from engine_helpers import TEST_TOKEN
+from engine_helpers import TEST_TOKEN, capability_key_file
 
 from gpu_validation.__main__ import main
 
 
 def test_harness_against_the_session_engines(engines, fixtures, tmp_path) -> None:
     out = tmp_path / "gpu_validation"
-    code = main(["run", "--engines", f"{engines.e0.url},{engines.e1.url}", "--token", TEST_TOKEN, "--out", str(out)])
+    code = main(["run", "--engines", f"{engines.e0.url},{engines.e1.url}", "--token", TEST_TOKEN, "--out", str(out),
+                 "--capability-key-file", str(capability_key_file())])
     report = json.loads((out / "report.json").read_text())
     checks = {c["name"]: c for c in report["checks"]}
     bad = {name: (c["verdict"], c["detail"][-600:]) for name, c in checks.items() if not c["ok"]}

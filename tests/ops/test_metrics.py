@@ -16,13 +16,13 @@ from pathlib import Path
 import httpx
 import pytest
 from deployment import reference_model
-from engine_helpers import PROMPT, TEST_ENGINE_ARGS, TEST_TOKEN, run
+from engine_helpers import PROMPT, TEST_ENGINE_ARGS, TEST_TOKEN, capability_key_file, engine_env, run
 from prometheus_client.parser import text_string_to_metric_families
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 from versioned_lora.demo.stack import Stack
-from versioned_lora.sglang_patches.managed.endpoints import SOURCE_ROOT_ENV, TOKEN_ENV
+from versioned_lora.sglang_patches.managed.endpoints import SOURCE_ROOT_ENV
 
 SCRAPE_DEADLINE_S = 90.0  # Ray's metrics agent exports every few seconds
 
@@ -33,7 +33,7 @@ def metrics_engine(fixtures, tmp_path_factory) -> Iterator[EngineProcess]:  # ty
     engine = EngineProcess(EngineConfig(
         model_dir=fixtures.model_dir, port=free_port_block(), log_path=log_dir / "metrics-engine.log",
         extra_args=(*TEST_ENGINE_ARGS, "--enable-metrics"),
-        env={TOKEN_ENV: TEST_TOKEN, SOURCE_ROOT_ENV: str(fixtures.root)},
+        env=engine_env(**{SOURCE_ROOT_ENV: str(fixtures.root)}),
     ))
     engine.start()
     try:
@@ -74,7 +74,7 @@ def ray_metrics_url() -> str:
 def test_registry_and_engine_metrics_after_a_publication_and_a_reclaim(metrics_engine, fixtures, tmp_path) -> None:
     async def body() -> None:
         stack = Stack([metrics_engine.url], TEST_TOKEN, tmp_path, fixtures, probe_prompt=PROMPT,
-                      reference=reference_model(fixtures.model_dir))
+                      reference=reference_model(fixtures.model_dir), capability_key_file=capability_key_file())
         http = httpx.AsyncClient(timeout=30.0)
         try:
             engine_metrics = f"{metrics_engine.url}/metrics"

@@ -93,9 +93,28 @@ def test_a_keyed_engine_advertises_that_capabilities_are_required(keyed) -> None
     engine, _ = keyed
 
     async def body() -> None:
-        client = client_for(engine)
+        client = client_for(engine, sign=False)
         try:
             assert (await client.status())["protocol"]["capabilities_required"] is True
+        finally:
+            await client.aclose()
+
+    run(body())
+
+
+def test_hold_points_are_refused_on_an_engine_started_without_them(keyed, fixtures) -> None:
+    """The test-only hold points (managed/hold_points.py) exist only where the engine was started with them: this
+    engine was not, so arming one is a typed refusal and nothing waits."""
+    engine, _ = keyed
+
+    async def body() -> None:
+        client = client_for(engine, sign=False)
+        try:
+            assert (await client.status())["hold_points"] == {"enabled": False, "armed": {}, "held": {}}
+            name = lora_name(VersionKey(1, "hold"), "0" * 64)
+            status, reason = await _refusal(client.managed("test_hold", point="load", lora_name=name))
+            assert (status, reason) == (403, "HOLD_POINTS_DISABLED")
+            assert (await client.status())["hold_points"]["armed"] == {}
         finally:
             await client.aclose()
 
@@ -107,7 +126,7 @@ def test_reclaim_and_cleanup_need_a_valid_capability_for_that_exact_call(keyed, 
     key = _key(key_file)
 
     async def body() -> None:
-        client = client_for(engine)
+        client = client_for(engine, sign=False)
         try:
             a = await publish_from_disk(client, fixtures.adapters["A"], "capA")
             b = await publish_from_disk(client, fixtures.adapters["B"], "capB")
@@ -145,7 +164,7 @@ def test_the_registry_actor_signs_and_the_publisher_process_never_holds_the_key(
         handle = create_registry_actor(tmp_path / "registry.sqlite", name=f"registry-{uuid.uuid4().hex[:8]}",
                                        engines=("E0",), epoch=epoch, capability_key_file=key_file)
         registry = RayRegistry(handle)
-        port = EngineStaging("E0", client_for(engine), PROMPT, bucket_deadline_s=20.0)
+        port = EngineStaging("E0", client_for(engine, sign=False), PROMPT, bucket_deadline_s=20.0)
         try:
             from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
 
@@ -188,7 +207,7 @@ def test_a_restarted_engine_checks_capabilities_the_same_way(keyed, fixtures) ->
     engine.restart()
 
     async def body() -> None:
-        client = client_for(engine)
+        client = client_for(engine, sign=False)
         try:
             a = await publish_from_disk(client, fixtures.adapters["A"], "capA2")
             b = await publish_from_disk(client, fixtures.adapters["B"], "capB2")

@@ -29,14 +29,13 @@ from typing import Any
 
 import psutil
 import pytest
-from engine_helpers import PROMPT, TEST_ENGINE_ARGS, TEST_TOKEN, run
+from engine_helpers import PROMPT, TEST_ENGINE_ARGS, TEST_TOKEN, capability_key_file, engine_env, run
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.demo.stack import Stack
 from versioned_lora.fixtures import Fixtures
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.session_binder import SessionKey
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.states import VersionState
 
 FOUR = ("E0", "E1", "E2", "E3")
@@ -61,7 +60,7 @@ def four_engines(engines: Any, fixtures: Fixtures, tmp_path_factory: pytest.Temp
     for index in (2, 3):
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
                                     log_path=log_dir / f"E{index}.log", extra_args=TEST_ENGINE_ARGS,
-                                    env={TOKEN_ENV: TEST_TOKEN}))
+                                    env=engine_env()))
         time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     extra = start_all(configs)
     try:
@@ -87,7 +86,8 @@ def test_four_engines_publish_spread_kill_one_mid_publication_reconcile_and_recl
 ) -> None:
     figures: dict[str, Any] = {"host_used_gib_after_start": host_used_gib()}
     stack = Stack([engine.url for engine in four_engines], TEST_TOKEN, tmp_path, fixtures,
-                  deadlines=Deadlines(bucket=6.0, cleanup=10.0), client_timeout_s=600.0)
+                  deadlines=Deadlines(bucket=6.0, cleanup=10.0), client_timeout_s=600.0,
+                  capability_key_file=capability_key_file())
     binder = stack.new_binder(stack.backend, shard=0)
     killed = four_engines[FOUR.index(KILLED)]
 

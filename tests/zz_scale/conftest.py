@@ -20,12 +20,11 @@ from typing import Any
 import attrs
 import psutil
 import pytest
-from engine_helpers import TEST_ENGINE_ARGS, TEST_TOKEN
+from engine_helpers import TEST_ENGINE_ARGS, engine_env
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.adapters.reference_forward import ReferenceModel
 from versioned_lora.fixtures import QWEN3_0_6B_SHAPE, Fixtures, build_fixtures
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 
 GIB = 2**30
 
@@ -163,7 +162,7 @@ def scale_engines(
         engines.append(EngineProcess(EngineConfig(
             model_dir=scale_fixtures.model_dir, port=free_port_block(), log_path=log_dir / f"scale-E{index}.log",
             max_lora_rank=scale_fixtures.lora_rank, lora_target_modules=scale_fixtures.target_modules,
-            extra_args=TEST_ENGINE_ARGS, env={TOKEN_ENV: TEST_TOKEN},
+            extra_args=TEST_ENGINE_ARGS, env=engine_env(),
         )))
         time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     for index, engine in enumerate(engines):

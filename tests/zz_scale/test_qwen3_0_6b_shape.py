@@ -25,7 +25,7 @@ import time
 from typing import Any
 
 import pytest
-from engine_helpers import TEST_TOKEN, run
+from engine_helpers import TEST_TOKEN, capability_key_file, run
 
 from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
@@ -135,7 +135,7 @@ def test_publication_path_end_to_end_at_0_6b_shape(
 ) -> None:
     stack = Stack([scale_engines.e0.url, scale_engines.e1.url], TEST_TOKEN, tmp_path, scale_fixtures,
                   probe_prompt=PROBE, reference=scale_reference, route=route_by_worker, bucket_bytes=BUCKET_BYTES,
-                  bucket_deadline_s=120.0, client_timeout_s=600.0)
+                  bucket_deadline_s=120.0, client_timeout_s=600.0, capability_key_file=capability_key_file())
     probes: list[tuple[str, int, float, int, float]] = []  # label, engine's token and logprob, reference's
     check = stack.publisher.probe_check
 

@@ -16,6 +16,7 @@ from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient, 
 from versioned_lora.runtime.interfaces import EngineRefused, EngineUnreachable, ReadyReceipt
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import AdapterState
+from versioned_lora.spec.wire import PROTOCOL_MISMATCH, PROTOCOL_VERSION
 
 T = TypeVar("T")
 
@@ -44,9 +45,18 @@ class EngineStaging:
         return int(status["incarnation"])
 
     async def link(self) -> EngineLink:
+        """The transfer link to the engine's current incarnation. A new incarnation is first asked which
+        protocol it speaks: one of another version is refused here (`PROTOCOL_MISMATCH`), before any `begin`
+        reaches it."""
         async with self._lock:
-            current = await self.incarnation()
+            status = await self._call(self.client.status())
+            current = int(status["incarnation"])
             if self._link is None or self._link.incarnation != current:
+                protocol = status.get("protocol")
+                speaks = protocol.get("version") if isinstance(protocol, dict) else None
+                if speaks != PROTOCOL_VERSION:
+                    raise EngineRefused(PROTOCOL_MISMATCH, f"engine {self.name} (incarnation {current}) speaks "
+                                        f"managed protocol {speaks!r}, this publisher {PROTOCOL_VERSION}")
                 if self._link is not None:
                     self._link.close()
                 self._link = await self._call(EngineLink.connect(self.client, device=self.device))

@@ -36,6 +36,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--turns", type=int, default=3, help="generations per session (tool turns between)")
     parser.add_argument("--engines", help="attach to running engines: URL0,URL1 (default: start two)")
     parser.add_argument("--token", help="managed-endpoint token of the attached engines")
+    parser.add_argument("--capability-key-file", help="the capability key file the attached engines were started "
+                        "with (the registry actor reads it; docs/integration.md, 'Capabilities')")
     parser.add_argument("--no-live", action="store_true", help="no live view (logs one line per step instead)")
 
 
@@ -47,10 +49,14 @@ def run_demo(args: argparse.Namespace) -> int:
     fixtures = load_fixtures()
     started_ray = ensure_ray()
     engines = []
-    key_file: Path | None = None  # attached engines were started by someone else, with or without a key
+    key_file: Path | None = None
     try:
         if getattr(args, "engines", None):
             urls, token = args.engines.split(","), getattr(args, "token", None)
+            given = getattr(args, "capability_key_file", None)  # attached engines: started by someone else
+            if not given:
+                raise SystemExit("--engines needs --capability-key-file: the key the engines were started with")
+            key_file = Path(given)
         else:
             token = new_token()
             # The engines and the registry actor check cleanups and reclaims against the registry's capability

@@ -22,7 +22,7 @@ from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceP
 from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
-from versioned_lora.capabilities import KEY_FILE_ENV
+from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint, parse_key
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
@@ -41,8 +41,9 @@ BUCKET_BYTES = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets, so per-bu
 def start_engines(
     fixtures: Fixtures, log_dir: Path, token: str, count: int = 2, capability_key_file: Path | None = None
 ) -> list[EngineProcess]:
-    """Start `count` engines in parallel; any failure stops them all and raises. With `capability_key_file`,
-    the engines carry out cleanups and reclaims only under the registry's capability."""
+    """Start `count` engines in parallel; any failure stops them all and raises. The engines carry out cleanups
+    and reclaims only under the registry's capability: `capability_key_file` is the key they and the registry
+    actor share (a managed engine does not start without one)."""
     configs = []
     env = {TOKEN_ENV: token, **({KEY_FILE_ENV: str(capability_key_file)} if capability_key_file else {})}
     for index in range(count):
@@ -107,6 +108,7 @@ class Stack:
         self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines)
         self.route = route or sticky_by_session(len(self.clients))
         self.backend = SGLangBackend(list(self.clients.values()), route=self.route, names=list(self.clients))
+        self.capability_key_file = capability_key_file
         self.candidates: dict[VersionKey, Candidate] = {}
         self.labels: dict[str, str] = {}  # lora_name -> label, for reports
         self.bucket_bytes = bucket_bytes
@@ -133,12 +135,18 @@ class Stack:
 
     async def unload_leftovers(self) -> None:
         """Attach mode only (engines shared with tests): unload this epoch's managed adapters so later
-        users find free managed slots. Not part of the protocol: a teardown."""
+        users find free managed slots. Not part of the protocol: a teardown, which the engines carry out only
+        under the registry's capability; the deployment that owns the key file signs it here."""
+        if self.capability_key_file is None:
+            raise ValueError("unload_leftovers needs the deployment's capability key file (engines require it)")
+        key = parse_key(self.capability_key_file.read_text())
         for client in self.clients.values():
             status = await client.status()
             for adapter in status["managed"]:
                 if adapter["state"] in ("READY", "STAGING") and f"@{self.epoch}-" in adapter["name"]:
-                    await client.managed("reclaim", lora_name=adapter["name"], reclaim_id="demo-teardown", wait_s=60)
+                    name, reclaim_id = adapter["name"], "demo-teardown"
+                    await client.managed("reclaim", lora_name=name, reclaim_id=reclaim_id, wait_s=60,
+                                         capability=mint(key, Action.RECLAIM, name, reclaim_id))
 
     async def close(self) -> None:
         import ray

@@ -4,6 +4,7 @@
 - `engine_side`: the engine-side machine of the spec table, driven here, and its effects.
 - `endpoints`: ``/versioned_lora/{begin,receive_bucket,end,cleanup,reclaim}`` (+ status section).
 - `generate_gate`: what ``/generate`` and every other request path take (fields, vocabulary, cache keys).
+- `route_gate`: generation goes through ``/generate`` only; the other serving routes are refused, typed.
 - `audit`: counters of pause/flush/abort_all/base-weight updates.
 
 Everything lives in the server (tokenizer-manager) process, where SGLang keeps its LoRARegistry;
@@ -22,6 +23,7 @@ from versioned_lora.sglang_patches.managed import (
     generate_gate,
     guards,
     metrics,
+    route_gate,
     scheduler_side,
     staging_channel,
 )
@@ -74,6 +76,7 @@ def apply(role: str) -> None:
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
     endpoints.require_token()  # before anything starts: a managed engine never runs without its token
+    endpoints.require_capability_key()  # ... nor without the registry's capability key
     for method in ("load_lora_adapter", "load_lora_adapter_from_tensors"):
         _stock_loads.setdefault(method, getattr(TokenizerManager, method))
     staging_channel.choose_address()  # inherited by the scheduler process launch_server spawns
@@ -82,6 +85,7 @@ def apply(role: str) -> None:
     _install_refcount_mirror(LoRARegistry)
     generate_gate.install(limits=_limits)
     endpoints.install(http_server.app, _LazyEngine())  # type: ignore[arg-type]
+    route_gate.install(http_server.app)
     introspection.STATUS_EXTENSIONS.append(lambda _tm: endpoints.status_extension(current_engine()))
     metrics.install(lambda: current_engine().status())  # /metrics, when the engine runs with --enable-metrics
 

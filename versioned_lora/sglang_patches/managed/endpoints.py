@@ -12,7 +12,6 @@ without one) — and none of those change anything. A candidate refused after it
 
 from __future__ import annotations
 
-import functools
 import hmac
 import logging
 import os
@@ -26,7 +25,7 @@ from fastapi import Request  # module level: FastAPI resolves the endpoint's ann
 from versioned_lora import capabilities
 from versioned_lora.adapters.manifest import KNOWN_HASH_KINDS, Manifest, ManifestError, UnsupportedManifest
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
-from versioned_lora.sglang_patches.managed import audit, fields, metrics, staging_channel
+from versioned_lora.sglang_patches.managed import audit, fields, hold_points, metrics, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import (
     CandidateRefused,
     EngineOperationError,
@@ -38,13 +37,11 @@ from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.managed.staging import DiskSource, DistributedSource, StagingFailed, StagingSource
 from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallFailed
 from versioned_lora.spec.identities import InvalidIdentity, check_lora_name
+from versioned_lora.spec.wire import PROTOCOL_VERSION
 
 logger = logging.getLogger(__name__)
 
 PREFIX = "/versioned_lora"
-# The managed protocol's version, advertised in /versioned_lora/status; bumped on any change to what the
-# endpoints take or answer that an older publisher would misread.
-PROTOCOL_VERSION = 2
 MIN_TOKEN_LEN = 16
 TOKEN_ENV = "VERSIONED_LORA_TOKEN"
 TOKEN_HEADER = "x-versioned-lora-token"
@@ -116,6 +113,7 @@ _BUCKET_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "index"
 _END_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "probe_input_ids"})
 _CLEANUP_FIELDS = frozenset({"lora_name", "attempt_token", "capability"})
 _RECLAIM_FIELDS = frozenset({"lora_name", "reclaim_id", "wait_s", "capability"})
+_HOLD_FIELDS = frozenset({"point", "lora_name", "release"})
 MAX_PROBE_TOKENS = 256
 MAX_WAIT_S = 600.0
 
@@ -123,14 +121,12 @@ MAX_WAIT_S = 600.0
 @attrs.define
 class ManagedAPI:
     engine: ManagedEngine
-    # The registry's key (versioned_lora.capabilities): with one, a cleanup or reclaim is carried out only
-    # on a valid capability for that exact name, action and attempt/reclaim id (issue 19: a reclaim with
-    # another version's reclaim id unloaded the live default). Read once, at start.
-    capability_key: bytes | None = attrs.field(factory=capabilities.key_from_env)
+    # The registry's key (versioned_lora.capabilities): a cleanup or reclaim is carried out only on a valid
+    # capability for that exact name, action and attempt/reclaim id (issue 19: a reclaim with another
+    # version's reclaim id unloaded the live default). Required, read once, at start.
+    capability_key: bytes = attrs.field(factory=lambda: require_capability_key())
 
     def _authorize(self, body: dict[str, Any], action: capabilities.Action, name: str, reference: str) -> None:
-        if self.capability_key is None:
-            return
         given = body.get("capability")
         if given is None:
             raise BadRequest("CAPABILITY_MISSING", f"{action} of {name!r} needs the registry's capability", 403,
@@ -266,6 +262,20 @@ class ManagedAPI:
         self._authorize(body, capabilities.Action.RECLAIM, name, reclaim_id)
         return await self.engine.reclaim(name, reclaim_id, wait_s)
 
+    async def test_hold(self, body: dict[str, Any]) -> Any:
+        """Arm (or release) a test-only hold point (managed/hold_points.py); refused unless the engine was
+        started with them."""
+        fields.only(body, _HOLD_FIELDS, "test_hold")
+        point = fields.string(body, "point", fields.TOKEN_RE, max_len=16)
+        if point not in hold_points.POINTS:
+            raise BadRequest("MALFORMED_REQUEST", f"field 'point' must be one of {list(hold_points.POINTS)}",
+                             field="point")
+        if fields.boolean(body, "release", default=False):
+            hold_points.HOLDS.release(point)
+        else:
+            hold_points.HOLDS.arm(point, _managed_name(body))
+        return hold_points.HOLDS.status()
+
 
 def _to_json(value: Any) -> Any:
     if attrs.has(type(value)):
@@ -282,6 +292,25 @@ def _to_json(value: Any) -> Any:
 class MissingToken(RuntimeError):
     """The managed patch set does not start without a shared-secret token: managed endpoints change what an
     engine serves, and an engine without a token would take those calls from anyone who can reach its port."""
+
+
+class MissingCapabilityKey(RuntimeError):
+    """The managed patch set does not start without the registry's capability key: without it an engine could
+    not tell an unload the registry decided from one a token holder made up."""
+
+
+def require_capability_key() -> bytes:
+    try:
+        key = capabilities.key_from_env()
+    except (OSError, capabilities.CapabilityKeyError) as exc:
+        raise MissingCapabilityKey(f"the capability key could not be read: {exc}") from None
+    if key is None:
+        raise MissingCapabilityKey(
+            f"versioned-lora managed engines need the registry's capability key: ${capabilities.KEY_FILE_ENV} (a "
+            f"0600 file the registry actor reads too) or ${capabilities.KEY_ENV}; `versioned-lora engine` "
+            f"creates one (docs/integration.md, 'Capabilities')"
+        )
+    return key
 
 
 def require_token() -> str:
@@ -369,6 +398,7 @@ def install(app: Any, engine: ManagedEngine) -> None:
         "end": api.end,
         "cleanup": api.cleanup,
         "reclaim": api.reclaim,
+        "test_hold": api.test_hold,
     }.items():
         app.add_api_route(f"{PREFIX}/{path}", route(handler), methods=["POST"])
     app.add_api_route(f"{PREFIX}/begin", route(api.begin, MAX_BEGIN_BODY), methods=["POST"])
@@ -384,12 +414,8 @@ async def status_extension(engine: ManagedEngine) -> dict[str, Any]:
         scheduler = await staging_channel.call("status")
     except SchedulerCallFailed as exc:
         scheduler = {"error": str(exc)}
-    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler, "protocol": protocol()}
-
-
-@functools.cache
-def _capabilities_required() -> bool:
-    return capabilities.key_from_env() is not None  # the same environment ManagedAPI read its key from
+    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler, "protocol": protocol(),
+            "hold_points": hold_points.HOLDS.status()}
 
 
 def protocol() -> dict[str, Any]:
@@ -399,5 +425,5 @@ def protocol() -> dict[str, Any]:
         "version": PROTOCOL_VERSION,
         "manifest_formats": sorted(KNOWN_HASH_KINDS),
         "manifest_hash_kinds": sorted(set(KNOWN_HASH_KINDS.values())),
-        "capabilities_required": _capabilities_required(),
+        "capabilities_required": True,  # always: a managed engine does not start without the key
     }

@@ -32,7 +32,7 @@ from versioned_lora.lifecycle.effects import (
     Unregister,
 )
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.sglang_patches.managed import audit
+from versioned_lora.sglang_patches.managed import audit, hold_points
 from versioned_lora.sglang_patches.managed.staging import StagingSource, StockLoads
 from versioned_lora.spec.events import (
     AcquireRequest,
@@ -238,6 +238,7 @@ class ManagedEngine:
     async def _load_pinned(self, name: str, attempt_token: str) -> None:
         # SGLang's stock load (not our guard): a fresh LoRARef, so a new lora_id and a cold KV namespace;
         # pinned, so LRU eviction never picks it.
+        await hold_points.HOLDS.reach("load", name)
         output = await self.sources[(name, attempt_token)].load(self._stock_loads)
         if not output.success:
             raise EngineOperationError("LOAD_FAILED", output.error_message or "load failed")
@@ -262,6 +263,7 @@ class ManagedEngine:
             return
         if instance.lora_id in self.tm.lora_registry._counters:
             await self.tm.lora_registry.wait_for_unload(instance.lora_id)
+        await hold_points.HOLDS.reach("unload", name)
         async with self.tm.lora_update_lock:
             # TokenizerManager.update_lora_adapter_communicator: the scheduler drops the weights of
             # this lora_id (LoRAManager.unload_lora_adapter) and frees its memory-pool slot.
@@ -284,6 +286,7 @@ class ManagedEngine:
             sampling_params={"max_new_tokens": 1, "temperature": 0.0},
             return_logprob=True,
         )
+        await hold_points.HOLDS.reach("probe", name)
         output = await self.tm.generate_request(request, None).__anext__()
         meta = output["meta_info"]
         first = meta["output_token_logprobs"][0]

@@ -1,0 +1,46 @@
+"""The test-only hold points (managed/hold_points.py) by themselves: off unless enabled, a hold stops only the
+call for its exact point and name, shows in the status while it waits, and ends when released. (Held calls on
+real engines, killed where they wait: tests/e2e/test_engine_kills.py; refused on an engine started without
+them: tests/sglang_patches/test_capabilities_engine.py.)"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from versioned_lora.sglang_patches.managed.fields import BadRequest
+from versioned_lora.sglang_patches.managed.hold_points import ENV, HoldPoints
+
+NAME, OTHER = "relax_policy_lora@1-A-0123456789ab", "relax_policy_lora@1-B-0123456789ab"
+
+
+def test_off_unless_the_engine_was_started_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(ENV, raising=False)
+    holds = HoldPoints()
+    for call in (lambda: holds.arm("load", NAME), lambda: holds.release("load")):
+        with pytest.raises(BadRequest) as refused:
+            call()
+        assert (refused.value.code, refused.value.status) == ("HOLD_POINTS_DISABLED", 403)
+    asyncio.run(asyncio.wait_for(holds.reach("load", NAME), 1))  # nothing waits
+    monkeypatch.setenv(ENV, "1")
+    assert HoldPoints().enabled
+
+
+def test_a_hold_stops_only_its_point_and_name_until_released() -> None:
+    holds = HoldPoints(enabled=True)
+
+    async def body() -> None:
+        holds.arm("probe", NAME)
+        await asyncio.wait_for(holds.reach("probe", OTHER), 1)  # another name passes
+        await asyncio.wait_for(holds.reach("load", NAME), 1)  # another point passes
+        waiting = asyncio.create_task(holds.reach("probe", NAME))
+        await asyncio.sleep(0.05)
+        assert not waiting.done()
+        assert holds.status() == {"enabled": True, "armed": {}, "held": {"probe": NAME}}
+        holds.release("probe")
+        await asyncio.wait_for(waiting, 1)
+        assert holds.status() == {"enabled": True, "armed": {}, "held": {}}
+        await asyncio.wait_for(holds.reach("probe", NAME), 1)  # a hold stops one call, once
+
+    asyncio.run(body())

@@ -1,0 +1,64 @@
+"""Test-only hold points inside the engine's own calls (issue 18): where a `kill -9` must land inside one
+managed call, which no caller-side hold can reach.
+
+- ``load``: `end` verified the stash and the table moved the candidate on, and SGLang's load has not begun;
+- ``probe``: the candidate is loaded pinned, and its probe request has not been sent;
+- ``unload``: a reclaim drained every native reference, and SGLang's physical unload has not been asked for.
+
+A hold point exists only in an engine started with ``VERSIONED_LORA_TEST_HOLD_POINTS=1``; on any other engine
+arming one is refused, typed (403 ``HOLD_POINTS_DISABLED``), and nothing here ever waits. Armed (``POST
+/versioned_lora/test_hold`` with ``point`` and ``lora_name``, the token required like every managed endpoint),
+the next call to reach that point for that exact name stops there, shows itself in ``/versioned_lora/status``
+(``hold_points.held``), and waits until the test kills the engine or releases it (``release: true``). Only the
+waiting call stops: the rest of the engine keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from typing import Any
+
+from versioned_lora.sglang_patches.managed.fields import BadRequest
+
+ENV = "VERSIONED_LORA_TEST_HOLD_POINTS"
+POINTS = ("load", "probe", "unload")
+
+
+class HoldPoints:
+    def __init__(self, enabled: bool | None = None) -> None:
+        self.enabled = os.environ.get(ENV) == "1" if enabled is None else enabled
+        self._armed: dict[str, str] = {}  # point -> the name whose call stops there
+        self._held: dict[str, str] = {}  # point -> the name whose call waits there now
+        self._released: dict[str, asyncio.Event] = {}
+
+    def arm(self, point: str, name: str) -> None:
+        if not self.enabled:
+            raise BadRequest("HOLD_POINTS_DISABLED", f"this engine was not started with {ENV}=1", 403, field="point")
+        self._armed[point] = name
+
+    def release(self, point: str) -> None:
+        if not self.enabled:
+            raise BadRequest("HOLD_POINTS_DISABLED", f"this engine was not started with {ENV}=1", 403, field="point")
+        self._armed.pop(point, None)
+        event = self._released.pop(point, None)
+        if event is not None:
+            event.set()
+
+    async def reach(self, point: str, name: str) -> None:
+        """Called by the engine at `point` of a call for `name`; returns at once unless armed for exactly that."""
+        if not self.enabled or self._armed.get(point) != name:
+            return
+        del self._armed[point]
+        self._held[point] = name
+        released = self._released[point] = asyncio.Event()
+        try:
+            await released.wait()
+        finally:
+            self._held.pop(point, None)
+
+    def status(self) -> dict[str, Any]:
+        return {"enabled": self.enabled, "armed": dict(self._armed), "held": dict(self._held)}
+
+
+HOLDS = HoldPoints()
