@@ -3,13 +3,15 @@ followed by reconciliation, through the whole stack: the Ray registry actor, the
 SessionBinder and the session's two real engines.
 
 Each kill lands in its phase on purpose: a test-only hold point stops the publisher (or the reclaim) at the named
-phase, the test reads the phase from the killed engine's own status, and only then kills it. The hold points are
-on the publisher's side of each call (a wrapped staging port or registry port, `Held`), not inside the engine
-(begin: E1 answered PREPARED, not reported yet; bucket: buckets 0 and 1 stashed on E1, the rest not sent;
-before_load: the stash complete and hashed, `end` not sent, nothing loaded; ready: E1 loaded B and answered
-READY_LOCAL, not reported yet; commit: READY on both, the commit not sent; reclaim: E1 DRAINING A under a native
-reference). Kills inside one engine call (between the stash verdict and the load, during the probe, during the
-physical unload) need a hold point in the engine patch: not here.
+phase, the test reads the phase from the killed engine's own status, and only then kills it. Between calls the
+hold is on the publisher's side (a wrapped staging port or registry port, `Held`): begin: E1 answered PREPARED,
+not reported yet; bucket: buckets 0 and 1 stashed on E1, the rest not sent; before_load: the stash complete and
+hashed, `end` not sent, nothing loaded; ready: E1 loaded B and answered READY_LOCAL, not reported yet; commit:
+READY on both, the commit not sent; after_commit: committed, no session bound to B yet; reclaim drain: E1
+DRAINING A under a native reference. Inside one engine call the hold is in the engine patch
+(`managed/hold_points.py`, `EngineHold`; the suite's engines are started with it, any other engine refuses to
+arm one): load: `end` verified the stash, SGLang's load not begun; probe: B loaded pinned, its probe not sent;
+unload: A drained and UNLOADED in the table, SGLang's physical unload not asked for.
 
 After each kill: the old default serves on the surviving engine with unchanged numbers; nothing is unloaded while
 a session or an engine request holds it; the restarted engine's new incarnation is adopted by the registry and
@@ -26,7 +28,7 @@ from typing import Any
 
 import pytest
 from deployment import Deployment, unloads
-from engine_helpers import PROMPT, run, wait_until
+from engine_helpers import PROMPT, client_for, run, wait_until
 from test_publication_e2e import assert_matches_reference, deployed
 
 from versioned_lora.lifecycle import Commit, VersionKey
@@ -36,6 +38,7 @@ from versioned_lora.runtime.publisher import PublishStatus
 from versioned_lora.runtime.reclaimer import ReclaimStatus
 from versioned_lora.spec.states import PlacementState, VersionState
 
+ENGINE_HOLDS = ("load", "probe")  # phases held inside E1's own `end` (managed/hold_points.py)
 HELD_AFTER_BUCKET = 1  # the bucket phase's kill lands with buckets 0 and 1 stashed on E1 (of 4)
 RECLAIM_DEADLINE_S = 30.0
 
@@ -67,6 +70,31 @@ class Held:
             return answer
 
         return held
+
+
+class EngineHold:
+    """A hold point inside E1's own call (managed/hold_points.py; the suite's engines run with them): armed for
+    one name and point, `reached` is set once E1's status shows that call stopped there. The call stays stopped
+    until the engine is killed; `opened` only mirrors `Held`'s interface."""
+
+    def __init__(self, d: Deployment, engine: str, point: str, name: str) -> None:
+        self.d, self.engine, self.point, self.name = d, engine, point, name
+        self.reached = asyncio.Event()
+        self.opened = asyncio.Event()
+        self._watch: asyncio.Task[None] | None = None
+
+    async def arm(self) -> None:
+        async with client_for(self.d.clients[self.engine].base_url) as client:
+            await client.managed("test_hold", point=self.point, lora_name=self.name)
+        self._watch = asyncio.create_task(self._poll())
+
+    async def _poll(self) -> None:
+        async def held() -> bool:
+            holds = (await self.d.clients[self.engine].status())["hold_points"]
+            return bool(holds["held"].get(self.point) == self.name)
+
+        await wait_until(held, timeout_s=180, poll_s=0.2)
+        self.reached.set()
 
 
 def _states(view: Any) -> dict[str, Any]:
@@ -148,9 +176,16 @@ async def _killed_publication(
     first: Any,
 ) -> None:
     b_version, b = candidate
-    if phase == "commit":  # READY on both; the commit held before it is sent
-        hold = Held(d.registry, "submit", when=lambda event, *rest: isinstance(event, Commit), before=True)
+    hold: Held | EngineHold
+    if phase in ("commit", "after_commit"):
+        # commit: READY on both, the commit held before it is sent; after_commit: committed, its answer held, no
+        # session bound to B yet
+        hold = Held(d.registry, "submit", when=lambda event, *rest: isinstance(event, Commit),
+                    before=phase == "commit")
         d.publisher.registry = hold
+    elif phase in ENGINE_HOLDS:
+        hold = EngineHold(d, "E1", phase, b.lora_name)  # inside E1's `end`
+        await hold.arm()
     else:
         hold = {
             "begin": Held(d.ports["E1"], "begin"),  # E1 answered PREPARED; not reported yet
@@ -170,14 +205,22 @@ async def _killed_publication(
         "begin": ("STAGING", 0),
         "bucket": ("STAGING", HELD_AFTER_BUCKET + 1),
         "before_load": ("STAGING", b.bucket_count),
+        "load": ("READY", b.bucket_count),  # the table moved on; SGLang's load not begun
+        "probe": ("READY", b.bucket_count),  # loaded pinned; the probe not sent
         "ready": ("READY", b.bucket_count),
         "commit": ("READY", b.bucket_count),
+        "after_commit": ("READY", b.bucket_count),
     }[phase]
     assert (on_e1["state"], on_e1["buckets_received"]) == expected, on_e1
     view = await d.registry.publication_view()
-    assert view.versions[b_version].state is VersionState.LOADING
-    if phase == "before_load":
+    if phase == "after_commit":
+        assert view.versions[b_version].state is VersionState.PUBLISHED and view.default == b_version
+    else:
+        assert view.versions[b_version].state is VersionState.LOADING
+    if phase in ("before_load", "load"):
         assert await d.clients["E1"].adapter(b.lora_name) is None  # not loaded
+    if phase == "probe":
+        assert on_e1["pinned"] and on_e1["probe"] is None and await d.clients["E1"].adapter(b.lora_name)
     if phase == "commit":
         assert {e: p.state for e, p in view.versions[b_version].placements.items()} == {
             "E0": PlacementState.READY, "E1": PlacementState.READY}
@@ -186,7 +229,7 @@ async def _killed_publication(
     hold.opened.set()
     outcome = await publication
     view = await d.registry.publication_view()
-    if phase in ("ready", "commit"):
+    if phase in ("ready", "commit", "after_commit"):
         # The registry did not know of the kill: E1's READY_LOCAL counted, the commit landed. E1's new incarnation
         # invalidates that READY below, and B is rehydrated there before E1 gets a request for it.
         assert outcome.committed, outcome
@@ -201,7 +244,7 @@ async def _killed_publication(
     d.publisher.engines["E1"] = d.ports["E1"]
     d.publisher.registry = d.registry
     await _reconcile_e1(d, engines)
-    if phase not in ("ready", "commit"):
+    if phase not in ("ready", "commit", "after_commit"):
         recovered = await d.publisher.recover()  # B's cleanup finished on E1's new incarnation
         assert [o.status for o in recovered] == [PublishStatus.FAILED_CLEAN]
         view = await d.registry.publication_view()
@@ -224,7 +267,8 @@ def no_kill_states(
     yield run(body())
 
 
-@pytest.mark.parametrize("phase", ["begin", "bucket", "before_load", "ready", "commit"])
+@pytest.mark.parametrize("phase", ["begin", "bucket", "before_load", "load", "probe", "ready", "commit",
+                                   "after_commit"])
 def test_engine_killed_at_each_publication_phase_reconciles_to_the_run_without_the_kill(
     engines, fixtures, tmp_path, no_kill_states, phase: str
 ) -> None:
@@ -303,6 +347,61 @@ def test_engine_killed_during_a_reclaim_drain_unloads_nothing_under_the_request_
     expected = no_kill_states[1]
     state, placements, refs = expected["versions"]["A"]
     assert placements["E1"] is PlacementState.READY
+    expected = {**expected, "versions": {**expected["versions"],
+                                         "A": (state, {**placements, "E1": PlacementState.ABSENT}, refs)}}
+    assert run(body()) == expected
+
+
+def test_engine_killed_during_the_physical_unload_unloads_nothing_twice_and_reconciles(
+    engines, fixtures, tmp_path, no_kill_states
+) -> None:
+    """The kill lands inside E1's reclaim call: A drained (no request holds it) and the table moved it to
+    UNLOADED, SGLang's physical unload not yet asked for (the `unload` hold point). E0 unloads A exactly once;
+    E1's new incarnation never held A; the same claim finishes there."""
+
+    async def body() -> dict[str, Any]:
+        async with deployed(engines, fixtures, tmp_path) as d:
+            a_version, a = d.candidate("A")
+            b_version, b = d.candidate("B")
+            assert (await d.publisher.publish(a_version, a)).committed
+            s_old = d.binder.open("S_old@E0")
+            await d.binder.generate(s_old, PROMPT, 4)
+            assert (await d.publisher.publish(b_version, b)).committed
+            s_new = d.binder.open("S_new@E1")
+            assert (await d.binder.bind_first(s_new)).version == b_version
+            await d.binder.finish(s_old)  # session refs of A: 0, and no request holds A anywhere
+
+            before = unloads(await d.audit())
+            hold = EngineHold(d, "E1", "unload", a.lora_name)
+            await hold.arm()
+            d.reclaimer.deadlines = Deadlines(reclaim=RECLAIM_DEADLINE_S)
+            reclaim = asyncio.create_task(d.reclaimer.reclaim(a_version))
+            await asyncio.wait_for(hold.reached.wait(), 180)
+
+            on_e1 = await _engine_view(d, "E1", a.lora_name)
+            assert on_e1 is not None and (on_e1["state"], on_e1["native_refcount"]) == ("UNLOADED", 0), on_e1
+            assert await d.clients["E1"].adapter(a.lora_name) is None  # unregistered: no request can name it
+            assert unloads(await d.audit())["E1"] == before["E1"]  # the physical unload not asked for yet
+            engines.e1.kill_hard()
+            outcome = await reclaim
+            assert outcome.status is ReclaimStatus.PENDING and "E1" not in outcome.confirmed, outcome
+            view = await d.registry.publication_view()
+            assert view.versions[a_version].state is VersionState.RECLAIMING and view.managed_count() == 2
+
+            await _reconcile_e1(d, engines)
+            again = await d.reclaimer.reclaim(a_version)
+            assert again.status is ReclaimStatus.RECLAIMED and set(again.confirmed) == {"E0", "E1"}
+            assert again.reclaim_id == outcome.reclaim_id
+            assert unloads(await d.audit())["E0"] == before["E0"] + 1  # E0: exactly once
+            served = await d.binder.generate(s_new, PROMPT, 4)
+            assert_matches_reference(d, "B", PROMPT, served.logprobs, served.output_ids)
+            reclaimed = _states(await d.registry.publication_view())
+            await d.binder.finish(s_new)
+            return reclaimed
+
+    # As in the drain test: E1's new incarnation never held A, so its placement of A reads ABSENT.
+    expected = no_kill_states[1]
+    state, placements, refs = expected["versions"]["A"]
     expected = {**expected, "versions": {**expected["versions"],
                                          "A": (state, {**placements, "E1": PlacementState.ABSENT}, refs)}}
     assert run(body()) == expected

@@ -453,13 +453,22 @@ def test_row_6_native_refcount_r1_ends_by_503_400_disconnect_abort_or_twice_r2_k
                 assert view is not None
                 return int(view["native_refcount"]), int(view["mirrored_refcount"]), await refcount(e0, a.lora_name)
 
+            seen: list[object] = [None]
+
             async def counts_are(n: int) -> bool:
-                return await counts() == (n, n, n)
+                seen[0] = await counts()
+                return seen[0] == (n, n, n)
+
+            async def settle(n: int, what: str) -> None:
+                # A liveness bound, not a speed target: each poll is two engine round trips (one through the
+                # scheduler), so polls are spaced to leave the loaded host's two cores to the decode.
+                await wait_until(lambda: counts_are(n), timeout_s=120, poll_s=0.25,
+                                 last=lambda: f"{what}: (native, mirrored, introspected)={seen[0]}")
 
             async def in_flight(key: Any, rid: str) -> asyncio.Task[Any]:
                 task = asyncio.create_task(binder.generate(key, PROMPT, R1_TOKENS, sampling={"ignore_eos": True},
                                                            rid=rid))
-                await wait_until(lambda: counts_are(2), timeout_s=60)
+                await settle(2, f"{rid} in flight")
                 return task
 
             async def ends_by_503(key: Any, rid: str) -> None:
@@ -479,7 +488,7 @@ def test_row_6_native_refcount_r1_ends_by_503_400_disconnect_abort_or_twice_r2_k
                 with pytest.raises(asyncio.CancelledError):
                     await task
                 assert set(binder.record(key).unknown) == {rid}  # never resent; resolved below, after the count
-                await wait_until(lambda: counts_are(1), timeout_s=45)
+                await settle(1, f"{rid} after its client went away")
                 await binder.resolve_unknown(key, rid)  # an abort for a request SGLang already ended: no release
 
             async def ends_by_abort(key: Any, rid: str) -> None:
@@ -510,17 +519,17 @@ def test_row_6_native_refcount_r1_ends_by_503_400_disconnect_abort_or_twice_r2_k
                 r2_rid = f"S_r2_{ending}@E0/r2"
                 r2 = asyncio.create_task(binder.generate(r2_key, PROMPT, R2_TOKENS, sampling={"ignore_eos": True},
                                                          rid=r2_rid))
-                await wait_until(lambda: counts_are(1), timeout_s=60)
+                await settle(1, f"r2 of {ending} in flight")
                 r1_key = binder.open(f"S_r1_{ending}@E0")
                 await end_r1(r1_key, f"S_r1_{ending}@E0/r1")
                 # r1 released exactly once: r2's single reference is left, native and mirrored alike.
-                await wait_until(lambda: counts_are(1), timeout_s=45)
+                await settle(1, f"r1 ended by {ending}")
                 await asyncio.sleep(0.3)
                 assert await counts() == (1, 1, 1), ending
                 assert not r2.done(), ending
                 await binder.abort(r2_key, r2_rid)  # r2 ends too (temporary abort: its session keeps A)
                 assert (await r2).finish_reason == "abort"
-                await wait_until(lambda: counts_are(0), timeout_s=45)
+                await settle(0, f"r2 of {ending} aborted")
                 assert await counts() == (0, 0, 0), ending
                 for key in (r1_key, r2_key):
                     await binder.finish(key)

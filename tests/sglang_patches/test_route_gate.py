@@ -65,5 +65,5 @@ def test_a_refused_route_is_answered_typed_before_any_handler() -> None:
     assert not reached and closed == [{"type": "websocket.close", "code": 1008}]
     passed, reached = _call("http", "/generate")
     assert reached and passed == []
-    lifespan, reached = _call("lifespan", "")
-    assert reached
+    nothing, reached = _call("lifespan", "")  # not HTTP: passed on untouched
+    assert reached and nothing == []
