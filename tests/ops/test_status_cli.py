@@ -220,16 +220,29 @@ def test_status_watch_refreshes_until_interrupted(engines, fixtures, tmp_path) -
                 *connection_args(d, tmp_path, token=False), env=env, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.PIPE)
             seen = ""
-            try:
+
+            async def read_until(text: str) -> None:
+                nonlocal seen
                 assert child.stdout is not None
-                while "default A (revision 1)" not in seen:
-                    seen += (await asyncio.wait_for(child.stdout.readline(), 120)).decode()
-                assert (await d.publisher.publish(b_version, b)).committed
-                while "default B (revision 2)" not in seen:  # a later refresh shows the new default
-                    seen += (await asyncio.wait_for(child.stdout.readline(), 120)).decode()
+                while text not in seen:
+                    line = await asyncio.wait_for(child.stdout.readline(), 120)
+                    if not line:  # the child exited: say what it printed, rather than read an empty pipe forever
+                        raise AssertionError(f"status --watch ended before {text!r}: {seen[-2000:]}")
+                    seen += line.decode()
+
+            # The child's refreshes are read while B is published: a pipe nobody reads fills, and the child
+            # would block on its write.
+            reader: asyncio.Task[None] | None = None
+            try:
+                await read_until("default A (revision 1)")
+                reader = asyncio.create_task(read_until("default B (revision 2)"))  # a later refresh
+                assert (await asyncio.wait_for(d.publisher.publish(b_version, b), 300)).committed
+                await asyncio.wait_for(reader, 120)
                 child.send_signal(signal.SIGINT)
                 assert await asyncio.wait_for(child.wait(), 60) == 0
             finally:
+                if reader is not None and not reader.done():
+                    reader.cancel()
                 if child.returncode is None:
                     child.kill()
                     await child.wait()

@@ -24,7 +24,7 @@ from versioned_lora.adapters.sglang_backend import SGLangBackend
 from versioned_lora.runtime.interfaces import BackendFailure, BackendRequest, GenerationBackend, OutcomeUnknown
 
 FAILING, LOST, LONG = "c/503", "c/lost", "c/long"
-LONG_TOKENS = 600
+LONG_TOKENS = 1900  # in flight for seconds even at the ~400 tokens/s an idle host decodes
 
 
 class FaultsByRid:

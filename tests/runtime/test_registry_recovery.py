@@ -98,7 +98,8 @@ def test_kill_between_calls_recovers_the_same_state_and_answers_retries_from_the
 @pytest.mark.parametrize("point", ["mid_batch", "before_commit"])
 def test_kill_in_the_middle_of_a_batch_loses_the_unacknowledged_batch_only(tmp_path: Path, point: str) -> None:
     handle, registry = new_actor(tmp_path)
-    shadow = RegistryCore(tmp_path / "shadow.sqlite")
+    # The same reclaim-id salt as the actor's: the two registries must reach equal states.
+    shadow = RegistryCore(tmp_path / "shadow.sqlite", id_salt=ray.get(handle.state.remote()).id_salt)
 
     async def scenario() -> None:
         await publish(registry, A, revision=0)
@@ -137,7 +138,8 @@ def test_kill_after_commit_before_reply_is_resolved_by_the_client_retry(tmp_path
     """The batch is durable but its reply is lost: the RayRegistry client retries the same key after the
     restart and gets the journal's answer; the state moved exactly once."""
     handle, registry = new_actor(tmp_path)
-    shadow = RegistryCore(tmp_path / "shadow.sqlite")
+    # The same reclaim-id salt as the actor's: the two registries must reach equal states.
+    shadow = RegistryCore(tmp_path / "shadow.sqlite", id_salt=ray.get(handle.state.remote()).id_salt)
 
     async def scenario() -> None:
         await publish(registry, A, revision=0)

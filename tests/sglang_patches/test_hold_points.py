@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from versioned_lora.sglang_patches.managed.fields import BadRequest
-from versioned_lora.sglang_patches.managed.hold_points import ENV, HoldPoints
+from versioned_lora.sglang_patches.managed.hold_points import ENV, HoldPoints, InjectedFailure
 
 NAME, OTHER = "relax_policy_lora@1-A-0123456789ab", "relax_policy_lora@1-B-0123456789ab"
 
@@ -44,3 +44,16 @@ def test_a_hold_stops_only_its_point_and_name_until_released() -> None:
         await asyncio.wait_for(holds.reach("probe", NAME), 1)  # a hold stops one call, once
 
     asyncio.run(body())
+
+
+def test_the_fail_request_fault_fails_one_request_naming_its_version() -> None:
+    holds = HoldPoints(enabled=True)
+    holds.fail_request(NAME)  # not armed: inert
+    holds.arm("fail_request", NAME)
+    holds.fail_request(OTHER)
+    holds.fail_request(None)  # a base request
+    with pytest.raises(InjectedFailure) as failed:
+        holds.fail_request([OTHER, NAME])  # a batch naming it
+    assert not isinstance(failed.value, ValueError)  # SGLang answers a ValueError 400, anything else 500
+    holds.fail_request(NAME)  # once
+    assert holds.status()["armed"] == {}

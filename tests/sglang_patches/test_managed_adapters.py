@@ -19,6 +19,7 @@ from engine_helpers import (
     PROMPT,
     TEST_TOKEN,
     Staged,
+    capability_key_file,
     client_for,
     loaded_adapter,
     managed_view,
@@ -28,10 +29,12 @@ from engine_helpers import (
     wait_until,
 )
 
+from versioned_lora import capabilities
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
+from versioned_lora.capabilities import Action, mint
 
-LONG_TOKENS = 800
+LONG_TOKENS = 1900  # in flight for seconds even at the ~400 tokens/s an idle host decodes
 # r2 must outlive r1's ending. A client disconnect is noticed by SGLang only on its next check of the
 # connection (TokenizerManager._wait_one_response), seconds later; on a quiet box 800 tokens can be done
 # by then. The fixture's context is 2048 positions.
@@ -116,18 +119,18 @@ def test_native_refcount_r1_ends_r2_keeps_exactly_one_reference(engines, fixture
         async with client_for(engines.e0) as client, managed_version(client, fixtures.adapters["A"]) as a:
             r2 = asyncio.create_task(client.generate(PROMPT, a.name, OUTLIVING_TOKENS, ignore_eos=True))
             # Liveness bounds, not speed targets; polls spaced so that they leave the two cores to the decode.
-            await wait_until(lambda: _count_is(client, a.name, 1), timeout_s=120, poll_s=0.25)
+            await wait_until(lambda: _count_is(client, a.name, 1), timeout_s=120, poll_s=0.1)
             await R1_ENDINGS[ending](client, a.name)
             # r1 released exactly once: back to r2's single reference, native and mirrored alike.
             # A client disconnect is noticed by SGLang seconds later, more on a loaded host (15 s ran out in a
             # suite run beside other sessions' engines); r2's 2000 tokens outlast that wait.
-            await wait_until(lambda: _count_is(client, a.name, 1), timeout_s=120, poll_s=0.25)
+            await wait_until(lambda: _count_is(client, a.name, 1), timeout_s=120, poll_s=0.1)
             await asyncio.sleep(0.3)
             assert await _both_counts(client, a.name) == (1, 1)
             assert not r2.done()
             r2_done = await r2
             assert len(r2_done.output_ids) == OUTLIVING_TOKENS
-            await wait_until(lambda: _count_is(client, a.name, 0), timeout_s=120, poll_s=0.25)
+            await wait_until(lambda: _count_is(client, a.name, 0), timeout_s=120, poll_s=0.1)
 
     run(body())
 
@@ -284,7 +287,9 @@ def test_every_managed_response_carries_the_engine_incarnation(engines, fixtures
             with pytest.raises(ManagedRefusal) as refused:
                 await client.managed("cleanup", **other)
             assert (refused.value.status_code, refused.value.reason) == (409, "STALE_ATTEMPT")
-            raw = await client._http.post("/versioned_lora/cleanup", json=other)
+            signed = {**other, "capability": mint(capabilities.parse_key(capability_key_file().read_text()),
+                                                  Action.CLEANUP, staged.name, "someone-else")}
+            raw = await client._http.post("/versioned_lora/cleanup", json=signed)  # raw: signed by hand
             assert (raw.status_code, raw.json()["incarnation"]) == (409, incarnation)
             answer = await client.managed("reclaim", lora_name=staged.name, reclaim_id="r-inc", wait_s=30)
             assert answer["incarnation"] == incarnation

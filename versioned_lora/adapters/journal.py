@@ -356,17 +356,20 @@ class Journal:
         elif row[0] != text:
             raise JournalConfigMismatch(f"{self.path} was written for {row[0]}, not {text}")
 
-    def id_salt(self) -> str:
+    def id_salt(self, proposed: str | None = None) -> str:
         """The salt of this journal's reclaim ids (`RegistryState.id_salt`): minted on first use from the OS's
-        random source and kept, so a registry recovered from this journal issues the ids it issued before. A
-        journal written before salts existed has none and gets none (its reclaim ids stay unsalted, as its
-        engines hold them; it is read as it is, never rewritten)."""
+        random source (or `proposed`: a test's second registry that must reach the same states) and kept, so a
+        registry recovered from this journal issues the ids it issued before. A journal written before salts
+        existed has none and gets none (its reclaim ids stay unsalted, as its engines hold them; it is read as
+        it is, never rewritten)."""
         row = self._db.execute("SELECT v FROM meta WHERE k='id_salt'").fetchone()
         if row is not None:
+            if proposed is not None and proposed != row[0]:
+                raise JournalConfigMismatch(f"{self.path} keeps another reclaim-id salt than the one proposed")
             return str(row[0])
         if self._db.execute("SELECT EXISTS (SELECT 1 FROM calls)").fetchone()[0]:
             return ""
-        salt = secrets.token_hex(16)
+        salt = proposed if proposed is not None else secrets.token_hex(16)
         self._db.execute("INSERT INTO meta (k, v) VALUES ('id_salt', ?)", (salt,))
         return salt
 

@@ -116,13 +116,15 @@ class RegistryCore:
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         answer_cache: int = DEFAULT_ANSWER_CACHE,
         capability_key: bytes | None = None,
+        id_salt: str | None = None,
     ) -> None:
         """`capability_key`: the key engines check cleanups and reclaims with (`versioned_lora.capabilities`);
-        default: `KEY_ENV` of this process's environment, else none (answers carry no capabilities)."""
+        default: `KEY_ENV` of this process's environment, else none (answers carry no capabilities).
+        `id_salt`: the reclaim-id salt of a new journal (default: a random one; `Journal.id_salt`)."""
         started = time.perf_counter()
         self._capability_key = capability_key if capability_key is not None else capabilities.key_from_env()
         self._journal = Journal(journal_path)
-        initial = initial_state(engines=engines, capacity=capacity, epoch=epoch, id_salt=self._journal.id_salt())
+        initial = initial_state(engines=engines, capacity=capacity, epoch=epoch, id_salt=self._journal.id_salt(id_salt))
         self._journal.bind_config(initial.config)
         self._state, replayed = self._journal.recover(initial, step)
         self._next_seq = self._journal.next_seq()

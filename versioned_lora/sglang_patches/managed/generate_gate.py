@@ -22,7 +22,7 @@ import re
 from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
-from versioned_lora.sglang_patches.managed import fields, metrics
+from versioned_lora.sglang_patches.managed import fields, hold_points, metrics
 from versioned_lora.sglang_patches.managed.fields import BadRequest
 from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.mechanism import replace_attribute
@@ -219,6 +219,7 @@ def install(limits: Callable[[], Limits]) -> None:
 
     @functools.wraps(stock_validate)
     def validate_one_request(self: Any, obj: Any, input_ids: Any) -> None:
+        hold_points.HOLDS.fail_request(getattr(obj, "lora_path", None))  # test-only; inert unless armed
         validate_request(obj, input_ids, limits())
         stock_validate(self, obj, input_ids)
 

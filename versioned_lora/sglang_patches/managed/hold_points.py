@@ -1,9 +1,14 @@
 """Test-only hold points inside the engine's own calls (issue 18): where a `kill -9` must land inside one
-managed call, which no caller-side hold can reach.
+managed call, which no caller-side hold can reach, and one injected fault a real engine does not produce on
+demand.
 
 - ``load``: `end` verified the stash and the table moved the candidate on, and SGLang's load has not begun;
 - ``probe``: the candidate is loaded pinned, and its probe request has not been sent;
-- ``unload``: a reclaim drained every native reference, and SGLang's physical unload has not been asked for.
+- ``unload``: a reclaim drained every native reference, and SGLang's physical unload has not been asked for;
+- ``fail_request`` (a fault, not a hold): the next request naming the version fails with an unexpected error
+  inside the tokenizer manager, after SGLang acquired its LoRA reference and before it reaches the scheduler
+  (`TokenizerManager._validate_one_request`, where our `generate_gate` check runs): SGLang answers it 500 and
+  releases the reference on its own failure path (`_release_req_states_on_failure`).
 
 A hold point exists only in an engine started with ``VERSIONED_LORA_TEST_HOLD_POINTS=1``; on any other engine
 arming one is refused, typed (403 ``HOLD_POINTS_DISABLED``), and nothing here ever waits. Armed (``POST
@@ -22,7 +27,13 @@ from typing import Any
 from versioned_lora.sglang_patches.managed.fields import BadRequest
 
 ENV = "VERSIONED_LORA_TEST_HOLD_POINTS"
-POINTS = ("load", "probe", "unload")
+HOLDS_AT = ("load", "probe", "unload")
+FAULTS = ("fail_request",)
+POINTS = HOLDS_AT + FAULTS
+
+
+class InjectedFailure(RuntimeError):
+    """The `fail_request` fault: not a ValueError, so SGLang's handler answers it 500, not 400."""
 
 
 class HoldPoints:
@@ -44,6 +55,16 @@ class HoldPoints:
         event = self._released.pop(point, None)
         if event is not None:
             event.set()
+
+    def fail_request(self, names: object) -> None:
+        """Called for every request the tokenizer manager checks; raises once for a request naming the armed
+        version."""
+        armed = self._armed.get("fail_request") if self.enabled else None
+        if armed is None:
+            return
+        if armed in (names if isinstance(names, list) else [names]):
+            del self._armed["fail_request"]
+            raise InjectedFailure(f"injected failure (test-only fault point 'fail_request') for {armed!r}")
 
     async def reach(self, point: str, name: str) -> None:
         """Called by the engine at `point` of a call for `name`; returns at once unless armed for exactly that."""
