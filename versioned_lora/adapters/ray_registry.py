@@ -124,7 +124,8 @@ class RegistryCore:
         started = time.perf_counter()
         self._capability_key = capability_key if capability_key is not None else capabilities.key_from_env()
         self._journal = Journal(journal_path)
-        initial = initial_state(engines=engines, capacity=capacity, epoch=epoch, id_salt=self._journal.id_salt(id_salt))
+        initial = initial_state(engines=engines, capacity=capacity, epoch=epoch,
+                                id_salt=self._journal.id_salt(id_salt))
         self._journal.bind_config(initial.config)
         self._state, replayed = self._journal.recover(initial, step)
         self._next_seq = self._journal.next_seq()
