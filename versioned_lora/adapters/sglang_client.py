@@ -171,7 +171,13 @@ class SGLangClient:
 
     async def status(self) -> dict[str, Any]:
         try:
-            response = await self._http.get("/versioned_lora/status")
+            try:
+                response = await self._http.get("/versioned_lora/status")
+            except (httpx.ReadError, httpx.RemoteProtocolError):
+                # A pooled keep-alive connection the engine closed as it was reused (one idle for 5 s; and seen
+                # right after an engine's unhandled 500): the pool has dropped it, and a read-only GET may be
+                # asked once more, on a fresh connection.
+                response = await self._http.get("/versioned_lora/status")
         except httpx.HTTPError as exc:
             raise UnknownOutcome(f"GET status: {exc}") from exc
         return _json_or_raise(response)
