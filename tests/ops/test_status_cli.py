@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
+import subprocess
 import sys
 from typing import Any
 
@@ -215,20 +216,23 @@ def test_status_watch_refreshes_until_interrupted(engines, fixtures, tmp_path) -
             b_version, b = d.candidate("B")
             assert (await d.publisher.publish(a_version, a)).committed
             env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
-            child = await asyncio.create_subprocess_exec(
-                sys.executable, "-m", "versioned_lora.cli", "status", "--watch", "--interval", "0.5",
-                *connection_args(d, tmp_path, token=False), env=env, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE)
+            # A plain Popen read by threads, not asyncio's subprocess: twice in the full suite the child exited
+            # (on SIGINT) and asyncio never reported it, and the test waited until pytest-timeout's signal.
+            with (tmp_path / "watch.stderr").open("w") as stderr:
+                child = subprocess.Popen(
+                    [sys.executable, "-m", "versioned_lora.cli", "status", "--watch", "--interval", "0.5",
+                     *connection_args(d, tmp_path, token=False)],
+                    env=env, stdout=subprocess.PIPE, stderr=stderr, text=True)
             seen = ""
 
             async def read_until(text: str) -> None:
                 nonlocal seen
                 assert child.stdout is not None
                 while text not in seen:
-                    line = await asyncio.wait_for(child.stdout.readline(), 120)
+                    line = await asyncio.wait_for(asyncio.to_thread(child.stdout.readline), 120)
                     if not line:  # the child exited: say what it printed, rather than read an empty pipe forever
                         raise AssertionError(f"status --watch ended before {text!r}: {seen[-2000:]}")
-                    seen += line.decode()
+                    seen += line
 
             # The child's refreshes are read while B is published: a pipe nobody reads fills, and the child
             # would block on its write.
@@ -239,13 +243,13 @@ def test_status_watch_refreshes_until_interrupted(engines, fixtures, tmp_path) -
                 assert (await asyncio.wait_for(d.publisher.publish(b_version, b), 300)).committed
                 await asyncio.wait_for(reader, 120)
                 child.send_signal(signal.SIGINT)
-                assert await asyncio.wait_for(child.wait(), 60) == 0
+                assert await asyncio.to_thread(child.wait, 60) == 0
             finally:
                 if reader is not None and not reader.done():
                     reader.cancel()
-                if child.returncode is None:
+                if child.poll() is None:
                     child.kill()
-                    await child.wait()
+                    child.wait(30)
             assert seen.count("--- ") >= 2
 
     run(body())
