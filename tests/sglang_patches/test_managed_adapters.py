@@ -74,14 +74,14 @@ async def _end_by_503(client: SGLangClient, name: str) -> None:
 async def _end_by_abort(client: SGLangClient, name: str) -> None:
     rid = uuid.uuid4().hex
     task = asyncio.create_task(client.generate(PROMPT, name, LONG_TOKENS, ignore_eos=True, rid=rid))
-    await wait_until(lambda: _count_is(client, name, 2))
+    await wait_until(lambda: _count_is(client, name, 2), timeout_s=120)
     await client.abort_request(rid)
     assert (await task).finish_reason["type"] == "abort"
 
 
 async def _end_by_client_disconnect(client: SGLangClient, name: str) -> None:
     task = asyncio.create_task(client.generate(PROMPT, name, LONG_TOKENS, ignore_eos=True))
-    await wait_until(lambda: _count_is(client, name, 2))
+    await wait_until(lambda: _count_is(client, name, 2), timeout_s=120)
     task.cancel()
 
 

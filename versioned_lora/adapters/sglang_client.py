@@ -38,11 +38,18 @@ class Generation:
     raw: dict[str, Any]
 
 
+KEEPALIVE_EXPIRY_S = 2.0  # below the engines' 5 s keep-alive timeout (uvicorn's default)
+
+
 class SGLangClient:
     def __init__(self, base_url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.base_url = base_url
         headers = {"x-versioned-lora-token": token} if token else None
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers)
+        # SGLang's uvicorn closes a keep-alive connection idle for 5 s, httpx's default expiry is the same 5 s: a
+        # request sent on such a connection as the server closes it fails with ReadError, an unknown outcome for
+        # a POST. Idle connections are dropped here first.
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers,
+                                       limits=httpx.Limits(keepalive_expiry=KEEPALIVE_EXPIRY_S))
 
     async def aclose(self) -> None:
         await self._http.aclose()
