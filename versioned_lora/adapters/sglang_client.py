@@ -38,14 +38,14 @@ class Generation:
     raw: dict[str, Any]
 
 
-KEEPALIVE_EXPIRY_S = 2.0  # below the engines' 5 s keep-alive timeout (uvicorn's default)
+KEEPALIVE_EXPIRY_S = 2.0  # below the engines' keep-alive timeout (SGLang 0.5.23: SGLANG_TIMEOUT_KEEP_ALIVE, 5 s)
 
 
 class SGLangClient:
     def __init__(self, base_url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.base_url = base_url
         headers = {"x-versioned-lora-token": token} if token else None
-        # SGLang's uvicorn closes a keep-alive connection idle for 5 s, httpx's default expiry is the same 5 s: a
+        # SGLang's uvicorn closes a keep-alive connection idle for 5 s; httpx's default expiry is the same 5 s: a
         # request sent on such a connection as the server closes it fails with ReadError, an unknown outcome for
         # a POST. Idle connections are dropped here first.
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout_s, headers=headers,
