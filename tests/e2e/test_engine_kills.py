@@ -254,6 +254,35 @@ async def _killed_publication(
         assert (await d.publisher.publish(b_version, b)).committed  # the same version, a new attempt
 
 
+async def _finish_the_claim_on_the_new_incarnation(
+    d: Deployment, engines: Any, a_version: VersionKey, outcome: Any, before: dict[str, int], s_new: Any
+) -> dict[str, Any]:
+    """After a kill left A's reclaim PENDING on E1: reconcile E1 (B rehydrated before it gets a request for B),
+    finish the same claim on E1's new incarnation, check E0 unloaded A exactly once and S_new still serves B
+    exactly; the registry's states once reclaimed."""
+    await _reconcile_e1(d, engines)
+    again = await d.reclaimer.reclaim(a_version)
+    assert again.status is ReclaimStatus.RECLAIMED and set(again.confirmed) == {"E0", "E1"}
+    assert again.reclaim_id == outcome.reclaim_id
+    assert unloads(await d.audit())["E0"] == before["E0"] + 1  # E0: exactly once
+    served = await d.binder.generate(s_new, PROMPT, 4)
+    assert_matches_reference(d, "B", PROMPT, served.logprobs, served.output_ids)
+    reclaimed = _states(await d.registry.publication_view())
+    await d.binder.finish(s_new)
+    return reclaimed
+
+
+def _with_a_absent_on_e1(no_kill: dict[str, Any]) -> dict[str, Any]:
+    """The one documented difference from the run without the kill: E1's new incarnation never held A, and the
+    registry says so (a RECLAIMING version's placement on a restarted engine becomes ABSENT:
+    registry_rules.replace_placements_on_engine), where the run without the kill keeps E1's last placement of
+    A, READY, as history."""
+    state, placements, refs = no_kill["versions"]["A"]
+    assert placements["E1"] is PlacementState.READY
+    return {**no_kill, "versions": {**no_kill["versions"],
+                                    "A": (state, {**placements, "E1": PlacementState.ABSENT}, refs)}}
+
+
 @pytest.fixture(scope="module")
 def no_kill_states(
     engines, fixtures, tmp_path_factory, ray_cluster
@@ -330,26 +359,9 @@ def test_engine_killed_during_a_reclaim_drain_unloads_nothing_under_the_request_
             view = await d.registry.publication_view()
             assert view.versions[a_version].state is VersionState.RECLAIMING and view.managed_count() == 2
 
-            await _reconcile_e1(d, engines)  # B rehydrated on E1 before it gets a request for B
-            again = await d.reclaimer.reclaim(a_version)  # the same claim, finished on E1's new incarnation
-            assert again.status is ReclaimStatus.RECLAIMED and set(again.confirmed) == {"E0", "E1"}
-            assert again.reclaim_id == outcome.reclaim_id
-            assert unloads(await d.audit())["E0"] == before["E0"] + 1  # E0: exactly once
-            served = await d.binder.generate(s_new, PROMPT, 4)
-            assert_matches_reference(d, "B", PROMPT, served.logprobs, served.output_ids)
-            reclaimed = _states(await d.registry.publication_view())
-            await d.binder.finish(s_new)
-            return reclaimed
+            return await _finish_the_claim_on_the_new_incarnation(d, engines, a_version, outcome, before, s_new)
 
-    # One documented difference: E1's new incarnation never held A, and the registry says so (a RECLAIMING
-    # version's placement on a restarted engine becomes ABSENT: registry_rules.replace_placements_on_engine),
-    # where the run without the kill keeps E1's last placement of A, READY, as history.
-    expected = no_kill_states[1]
-    state, placements, refs = expected["versions"]["A"]
-    assert placements["E1"] is PlacementState.READY
-    expected = {**expected, "versions": {**expected["versions"],
-                                         "A": (state, {**placements, "E1": PlacementState.ABSENT}, refs)}}
-    assert run(body()) == expected
+    assert run(body()) == _with_a_absent_on_e1(no_kill_states[1])
 
 
 def test_engine_killed_during_the_physical_unload_unloads_nothing_twice_and_reconciles(
@@ -388,20 +400,6 @@ def test_engine_killed_during_the_physical_unload_unloads_nothing_twice_and_reco
             view = await d.registry.publication_view()
             assert view.versions[a_version].state is VersionState.RECLAIMING and view.managed_count() == 2
 
-            await _reconcile_e1(d, engines)
-            again = await d.reclaimer.reclaim(a_version)
-            assert again.status is ReclaimStatus.RECLAIMED and set(again.confirmed) == {"E0", "E1"}
-            assert again.reclaim_id == outcome.reclaim_id
-            assert unloads(await d.audit())["E0"] == before["E0"] + 1  # E0: exactly once
-            served = await d.binder.generate(s_new, PROMPT, 4)
-            assert_matches_reference(d, "B", PROMPT, served.logprobs, served.output_ids)
-            reclaimed = _states(await d.registry.publication_view())
-            await d.binder.finish(s_new)
-            return reclaimed
+            return await _finish_the_claim_on_the_new_incarnation(d, engines, a_version, outcome, before, s_new)
 
-    # As in the drain test: E1's new incarnation never held A, so its placement of A reads ABSENT.
-    expected = no_kill_states[1]
-    state, placements, refs = expected["versions"]["A"]
-    expected = {**expected, "versions": {**expected["versions"],
-                                         "A": (state, {**placements, "E1": PlacementState.ABSENT}, refs)}}
-    assert run(body()) == expected
+    assert run(body()) == _with_a_absent_on_e1(no_kill_states[1])  # as in the drain test

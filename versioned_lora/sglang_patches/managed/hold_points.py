@@ -43,14 +43,16 @@ class HoldPoints:
         self._held: dict[str, str] = {}  # point -> the name whose call waits there now
         self._released: dict[str, asyncio.Event] = {}
 
-    def arm(self, point: str, name: str) -> None:
+    def _require_enabled(self) -> None:
         if not self.enabled:
             raise BadRequest("HOLD_POINTS_DISABLED", f"this engine was not started with {ENV}=1", 403, field="point")
+
+    def arm(self, point: str, name: str) -> None:
+        self._require_enabled()
         self._armed[point] = name
 
     def release(self, point: str) -> None:
-        if not self.enabled:
-            raise BadRequest("HOLD_POINTS_DISABLED", f"this engine was not started with {ENV}=1", 403, field="point")
+        self._require_enabled()
         self._armed.pop(point, None)
         event = self._released.pop(point, None)
         if event is not None:
