@@ -38,10 +38,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
 from versioned_lora.lifecycle import (
+    AcquireLease,
     BindFirst,
     Bound,
     Commit,
     Committed,
+    LeaseGranted,
     RecordPrepared,
     RecordReady,
     Reserve,
@@ -58,12 +60,14 @@ EPOCH = 1
 async def publish_bootstrap(registry: RayRegistry) -> None:
     version = VersionKey(EPOCH, "A")
     digest = hashlib.sha256(b"bench-A").hexdigest()
-    reserved = (await registry.submit(Reserve(version, digest))).result
+    lease = (await registry.submit(AcquireLease("publisher", 3600.0))).result  # the one publisher
+    assert isinstance(lease, LeaseGranted), lease
+    reserved = (await registry.submit(Reserve(version, digest, lease.fence))).result
     assert isinstance(reserved, Reserved), reserved
     token = reserved.attempt_token
     await registry.submit_batch([kind(version, token, engine, 0, digest) for engine in ENGINES
                                  for kind in (RecordPrepared, RecordReady)])
-    committed = (await registry.submit(Commit(version, token, 0))).result
+    committed = (await registry.submit(Commit(version, token, 0, lease.fence))).result
     assert isinstance(committed, Committed), committed
 
 

@@ -12,6 +12,8 @@ class Bounds:
     """Sizes of the composed system and its finite fault budgets.
 
     `crashes` is one budget shared by engine crash/restart, registry actor crash and publisher crash;
+    `lease_faults` is the budget of publisher-lease faults: the registry's timer expiring the lease early
+    (the publisher stalled past its ttl) and a rival taking it over (an operator's `publish --take-over`);
     `failures` is the publisher's budget of failed attempts (a missed deadline that aborts, or a
     manifest that does not verify at `end`); `turns` is how many generations one session runs
     (every generation after the first is a tool turn); `session_aborts` bounds temporary aborts per
@@ -37,6 +39,7 @@ class Bounds:
     max_depth: int = 0
     planted_bug: str = ""  # "" or a name from system.PLANTED_BUGS (an environment-model mutation)
     por: bool = True  # partial-order reduction in the safety BFS (System.ample); off: every state fully expanded
+    lease_faults: int = 0
 
     def __attrs_post_init__(self) -> None:
         if not (1 <= self.engines <= 4 and 1 <= self.versions <= 4 and 0 <= self.sessions <= 4):
@@ -70,6 +73,9 @@ class Bounds:
 RECLAIM_WHILE_REHYDRATING = Bounds(engines=1, versions=2, sessions=1, drops=0, dups=0, crashes=1, failures=0,
                                    bootstrapped=True, max_depth=28)
 
+LEASE_FAULTS = Bounds(engines=1, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=0, bootstrapped=True,
+                      lease_faults=2)
+
 # The checker's suite of complete bounds (the mutation script runs every mutant through each, and
 # together they fire every row of the reference table: test_checker.py): the publication/reclaim path
 # with a lost message, the abort path, an engine crash while A is served (restart, rehydrate), a drain
@@ -85,6 +91,10 @@ CHECKER_BOUNDS = (
     # an engine crash while a retired version still has a session ref, then its claim (row reclaim.staging);
     # depth-bounded for speed (see RECLAIM_WHILE_REHYDRATING above)
     RECLAIM_WHILE_REHYDRATING,
+    # the publisher lease: two lease faults (the registry's timer expiring it early, a rival taking it over,
+    # live or free) around the publication of B with a session bound to A: every lease row, and the commit
+    # and reserve of a publisher that lost its lease refused (31,275 states, about 3 s compiled)
+    LEASE_FAULTS,
 )
 
 # The same system at three engines (issue 22): each of CHECKER_BOUNDS' two-engine bounds with a third engine,

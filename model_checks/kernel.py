@@ -52,8 +52,8 @@ from versioned_lora.lifecycle import (
     reclaim_id,
     registry_step_violations,
 )
-from versioned_lora.lifecycle.enabled import FORGED_RECLAIM_ID, STALE_TOKEN, AdapterPlan
-from versioned_lora.lifecycle.results import Aborted, AdapterStatus, SessionStatus
+from versioned_lora.lifecycle.enabled import FORGED_RECLAIM_ID, LEASE_TTL_S, PUBLISHERS, STALE_TOKEN, AdapterPlan
+from versioned_lora.lifecycle.results import Aborted, AdapterStatus, LeaseGranted, SessionStatus
 from versioned_lora.spec import LIVENESS, Reason
 from versioned_lora.spec import events as ev
 from versioned_lora.spec.invariants import engine_violated, violated
@@ -65,7 +65,10 @@ STALE = -1  # the encoded form of STALE_TOKEN
 
 # registry event kinds
 (R_RESERVE, R_COMMIT, R_ABORT, R_CLAIM, R_PREPARED, R_READY, R_UNKNOWN, R_CLEANED, R_CONFIRM, R_OPEN, R_BIND,
- R_BEGIN_CLOSE, R_CLOSE, R_RESTARTED) = range(14)  # fmt: skip
+ R_BEGIN_CLOSE, R_CLOSE, R_RESTARTED, R_ACQUIRE, R_RELEASE, R_EXPIRE, R_TAKEOVER) = range(18)  # fmt: skip
+# the publisher lease's holders, by index (the names candidate_events draws from, so probes and actions agree)
+HOLDERS = PUBLISHERS
+H_PUBLISHER, H_RIVAL = range(2)
 # engine event kinds
 G_BEGIN, G_BUCKET, G_END, G_CLEANUP, G_ACQUIRE, G_RELEASE, G_RECLAIM, G_FINISH, G_STARTED = range(9)
 G_ABORT_REQ = 9  # a session's abort of its own request: the environment turns it into a release if it runs
@@ -114,8 +117,8 @@ def token_int(token: str | None) -> int:
 class RegView:
     """What the drivers and the cross-cutting invariants read of one registry state (cached per id)."""
 
-    __slots__ = ("default", "incarnations", "occupied", "placements", "refs", "revision", "sessions", "vstate",
-                 "vtoken")
+    __slots__ = ("default", "incarnations", "lease_fence", "lease_holder", "occupied", "placements", "refs",
+                 "revision", "sessions", "vstate", "vtoken")
 
     def __init__(self, s: RegistryState, k: Kernel) -> None:
         self.vstate = tuple(_VS[s.versions[key].state] if key in s.versions else V_UNSEEN for key in k.keys)
@@ -142,6 +145,8 @@ class RegView:
             sessions.append((state, version))
         self.sessions = tuple(sessions)
         self.occupied = sum(1 for v in self.vstate if v in OCCUPYING)
+        self.lease_holder = -1 if s.lease.holder is None else HOLDERS.index(s.lease.holder)
+        self.lease_fence = s.lease.fence
 
 
 class EngView:
@@ -200,7 +205,8 @@ class Kernel:
 
     def initial_registry(self) -> int:
         incarnations = dict.fromkeys(self.engine_names, FIRST_INCARNATION)
-        return self.intern_registry(initial_state(self.engine_names, self.bounds.capacity, EPOCH, incarnations))
+        return self.intern_registry(initial_state(self.engine_names, self.bounds.capacity, EPOCH, incarnations,
+                                                  publisher_lease=True))
 
     def initial_engine(self, e: int) -> int:
         return self.intern_engine(initial_engine_state(self.engine_names[e], FIRST_INCARNATION))
@@ -239,9 +245,9 @@ class Kernel:
             v = code[1]
             key, digest = self.keys[v], self.digests[v]
             if kind == R_RESERVE:
-                return ev.Reserve(key, digest)
+                return ev.Reserve(key, digest, code[2])
             if kind == R_COMMIT:
-                return ev.Commit(key, token_str(code[2]), code[3])
+                return ev.Commit(key, token_str(code[2]), code[3], code[4])
             if kind == R_ABORT:
                 return ev.Abort(key, token_str(code[2]))
             if kind == R_CLAIM:
@@ -258,6 +264,14 @@ class Kernel:
             return ev.RecordCleaned(key, token_str(code[2]), engine)
         if kind == R_RESTARTED:
             return ev.EngineRestarted(self.engine_names[code[1]], code[2])
+        if kind == R_ACQUIRE:
+            return ev.AcquireLease(HOLDERS[code[1]], LEASE_TTL_S)
+        if kind == R_RELEASE:
+            return ev.ReleaseLease(HOLDERS[code[1]], code[2])
+        if kind == R_EXPIRE:
+            return ev.ExpireLease(code[1])
+        if kind == R_TAKEOVER:
+            return ev.TakeOverLease(HOLDERS[code[1]], code[2], LEASE_TTL_S)
         session = self.session_keys[code[1]]
         return {R_OPEN: ev.OpenSession, R_BIND: ev.BindFirst, R_BEGIN_CLOSE: ev.BeginClose,
                 R_CLOSE: ev.CloseAndRelease}[kind](session)
@@ -345,6 +359,8 @@ class Kernel:
             return (OK, _AS[result.state])
         if isinstance(result, ReadyLocal):
             return (OK, A_READY)
+        if isinstance(result, LeaseGranted):
+            return (OK, result.fence)
         return (OK,)
 
     def _jobs(self, effects: tuple[Any, ...]) -> tuple[tuple[int, ...], ...]:

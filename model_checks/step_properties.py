@@ -15,6 +15,7 @@ from typing import Any
 
 from versioned_lora.lifecycle import (
     AllocateStash,
+    ArmLeaseTimer,
     CapacityFreed,
     CleanupOnEngine,
     FreeStash,
@@ -111,6 +112,7 @@ def registry_step_problems(before: RegistryState, event: Any, after: RegistrySta
         if old is None or new is None or old.state not in OCCUPYING_STATES or new.state in OCCUPYING_STATES:
             problems.append(f"property freed_slot_announced: CapacityFreed({x.version.version_id}) but the version "
                             f"did not leave an occupying state")
+    problems += _lease_problems(before, event, after, result, effects)
     if isinstance(event, ev.EngineRestarted) and after.incarnations[event.engine] != before.incarnations[event.engine]:
         # The new incarnation holds nothing: every attempt now BEGUN there must be staged again.
         staged = {(x.version, x.attempt_token) for x in _of(effects, StageOnEngine) if x.engine == event.engine}
@@ -118,6 +120,34 @@ def registry_step_problems(before: RegistryState, event: Any, after: RegistrySta
             if engine == event.engine and p.state is PlacementState.BEGUN and (key, p.attempt_token) not in staged:
                 problems.append(f"property restart_restages: {key.version_id}@{engine} BEGUN after the restart "
                                 "but no stage effect")
+    return problems
+
+
+def _fenced(b: RegistryState, fence: int) -> bool:
+    """Whether a Reserve or Commit under `fence` may act: the live lease's fence, or no lease in a registry that
+    never required or granted one (RFC §3: one publisher; the lease is how a second one is kept out)."""
+    if not b.config.publisher_lease and b.lease.fence == 0:
+        return True
+    return b.lease.holder is not None and fence == b.lease.fence
+
+
+def _lease_problems(b: RegistryState, e: Any, a: RegistryState, result: Any, effects: tuple[Any, ...]) -> list[str]:
+    problems = []
+    started = [k for k, v in a.versions.items() if v.state is VersionState.LOADING
+               and (k not in b.versions or b.versions[k].state is not VersionState.LOADING)]
+    if (started or a.default != b.default) and not (isinstance(e, ev.Reserve | ev.Commit) and _fenced(b, e.fence)):
+        problems.append(f"property only_the_lease_holder_publishes: {e!r} started or committed a publication "
+                        f"under lease {b.lease!r}")
+    if a.lease.fence < b.lease.fence or (a.lease.holder is not None and a.lease != b.lease
+                                         and a.lease.fence != b.lease.fence + 1):
+        problems.append(f"property lease_grants_a_new_fence: {b.lease!r} -> {a.lease!r} by {e!r}")
+    granted = a.lease.holder is not None and not isinstance(result, Rejected) and (
+        a.lease != b.lease or isinstance(e, ev.RenewLease | ev.AcquireLease))
+    armed = _of(effects, ArmLeaseTimer)
+    if granted and armed != [ArmLeaseTimer(a.lease.fence, a.lease.ttl_s)]:
+        problems.append(f"property lease_timer_armed_on_grant: {e!r} left {a.lease!r} with timer effects {armed}")
+    if not granted and armed:
+        problems.append(f"property lease_timer_armed_on_grant: {e!r} armed {armed} without a grant")
     return problems
 
 
@@ -200,7 +230,8 @@ def _registry_should_accept(b: RegistryState, e: Any) -> str | None:
         pending = any(x.state in _ABORTED_VERSIONS - {VersionState.FAILED_CLEAN} or x.state is VersionState.LOADING
                       for x in b.versions.values())
         occupied = sum(1 for x in b.versions.values() if x.state in OCCUPYING_STATES)
-        if e.version.epoch == b.config.epoch and fresh and not pending and occupied < b.config.capacity:
+        if (e.version.epoch == b.config.epoch and fresh and not pending and occupied < b.config.capacity
+                and _fenced(b, e.fence)):
             return "reserve_takes_a_free_slot"
     elif isinstance(e, ev.RecordPrepared | ev.RecordReady):
         v, p = b.versions.get(e.version), b.placements.get((e.version, e.engine))
@@ -212,7 +243,7 @@ def _registry_should_accept(b: RegistryState, e: Any) -> str | None:
     elif isinstance(e, ev.Commit):
         v = b.versions.get(e.version)
         if (v is not None and v.state is VersionState.LOADING and e.attempt_token == v.attempt_token
-                and e.expected_default_revision == b.default_revision
+                and e.expected_default_revision == b.default_revision and _fenced(b, e.fence)
                 and all(b.placements[(e.version, x)].state is PlacementState.READY
                         and b.placements[(e.version, x)].incarnation == b.incarnations[x] for x in b.config.engines)):
             return "ready_commit_publishes"
@@ -233,6 +264,11 @@ def _registry_should_accept(b: RegistryState, e: Any) -> str | None:
         p = b.placements.get((e.version, e.engine))
         if p is not None and p.state is PlacementState.CLEANING and p.attempt_token == e.attempt_token:
             return "cleanup_receipt_counts"
+    elif isinstance(e, ev.AcquireLease | ev.TakeOverLease) and b.lease.holder is None:
+        return "free_lease_is_granted"
+    elif isinstance(e, ev.ExpireLease | ev.ReleaseLease) and b.lease.holder is not None and e.fence == b.lease.fence \
+            and (isinstance(e, ev.ExpireLease) or e.holder == b.lease.holder):
+        return "live_lease_ends"
     elif isinstance(e, ev.BindFirst) and b.default is not None and e.session.epoch == b.config.epoch:
         record = b.sessions.get(e.session)
         compacted = e.session.seq < b.low_water.get(e.session.shard, 0)
@@ -257,6 +293,10 @@ def _registry_accepted(b: RegistryState, e: Any, a: RegistryState, what: str) ->
         return e.engine in a.versions[e.version].reclaim_confirmed
     if what == "cleanup_receipt_counts":
         return a.placements[(e.version, e.engine)].state is PlacementState.CLEANED
+    if what == "free_lease_is_granted":
+        return a.lease.holder == e.holder and a.lease.fence == b.lease.fence + 1
+    if what == "live_lease_ends":
+        return a.lease.holder is None and a.lease.fence == b.lease.fence
     record = a.sessions.get(e.session)  # first_bind_binds_to_default
     return record is not None and record.state is SessionState.BOUND and record.version == b.default
 

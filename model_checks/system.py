@@ -49,6 +49,8 @@ from model_checks.kernel import (
     G_RECLAIM,
     G_RELEASE,
     G_STARTED,
+    H_PUBLISHER,
+    H_RIVAL,
     J_CLEAN,
     J_NOTIFY,
     J_RECLAIM,
@@ -58,6 +60,7 @@ from model_checks.kernel import (
     OK,
     P_READY,
     R_ABORT,
+    R_ACQUIRE,
     R_BEGIN_CLOSE,
     R_BIND,
     R_CLAIM,
@@ -65,11 +68,14 @@ from model_checks.kernel import (
     R_CLOSE,
     R_COMMIT,
     R_CONFIRM,
+    R_EXPIRE,
     R_OPEN,
     R_PREPARED,
     R_READY,
+    R_RELEASE,
     R_RESERVE,
     R_RESTARTED,
+    R_TAKEOVER,
     R_UNKNOWN,
     REASONS,
     S_BOUND,
@@ -95,9 +101,11 @@ SP_IDLE, SP_OPENING, SP_OPENED, SP_BINDING, SP_BOUND, SP_GENERATING, SP_FINALIZI
 SESSION_PHASES = ("IDLE", "OPENING", "OPENED", "BINDING", "BOUND", "GENERATING", "FINALIZING", "CLOSING", "CLOSED")
 LIVE_BOUND = frozenset({SP_BOUND, SP_GENERATING})  # bound and may still dispatch
 # publisher phases
-PP_IDLE, PP_RESERVING, PP_STAGING, PP_COMMITTING, PP_ABORTING, PP_CLEANING, PP_RECOVER, PP_DONE = range(8)
-PUBLISHER_PHASES = ("IDLE", "RESERVING", "STAGING", "COMMITTING", "ABORTING", "CLEANING", "RECOVER", "DONE")
-DROPS, DUPS, CRASHES, FAILURES = range(4)
+PP_IDLE, PP_RESERVING, PP_STAGING, PP_COMMITTING, PP_ABORTING, PP_CLEANING, PP_RECOVER, PP_DONE, PP_LEASING = range(9)
+PUBLISHER_PHASES = ("IDLE", "RESERVING", "STAGING", "COMMITTING", "ABORTING", "CLEANING", "RECOVER", "DONE",
+                    "LEASING")
+DROPS, DUPS, CRASHES, FAILURES, LEASE_FAULTS = range(5)
+NOT_LEASE_HOLDER = REASONS.index(Reason.NOT_LEASE_HOLDER)
 NOT_READY = REASONS.index(Reason.NOT_READY)
 STALE_INCARNATION = REASONS.index(Reason.STALE_INCARNATION)
 
@@ -131,8 +139,8 @@ class System:
         k, b = self.k, self.bounds
         session = (SP_IDLE, -1, -1, b.turns, b.session_aborts)
         state: State = (k.initial_registry(), tuple(k.initial_engine(e) for e in range(self.E)),
-                        (session,) * self.S, (0, 0, PP_IDLE, -1), 0, (), (), (),
-                        (b.drops, b.dups, b.crashes, b.failures))
+                        (session,) * self.S, (0, 0, PP_IDLE, -1, 0), 0, (), (), (),
+                        (b.drops, b.dups, b.crashes, b.failures, b.lease_faults))
         if b.bootstrapped:
             state = self.bootstrap(state)
         return [state]
@@ -226,9 +234,9 @@ class System:
         retry_version (read the registry; an engine crash disables retry_version); job and publisher
         retries (a registry crash removes what they send; a publisher abort or crash removes stage
         jobs; a restart notice replaces a stage job)."""
-        epoch, vi, phase, _tok = st[PUB]
+        epoch, vi, phase, _tok, fence = st[PUB]
         if phase == PP_IDLE and vi >= self.V:
-            return [(("pub", "done"), _replace(st, PUB, (epoch, vi, PP_DONE, -1)), ())]
+            return [(("pub", "done"), _replace(st, PUB, (epoch, vi, PP_DONE, -1, fence)), ())]
         sess = st[SESS]
         for i, s in enumerate(sess):
             if s[0] != SP_GENERATING:
@@ -517,40 +525,44 @@ class System:
     # ================================================================ publisher
 
     def _publisher(self, st: State, out: list[Successor]) -> None:
-        epoch, vi, phase, tok = st[PUB]
+        """pub = (epoch, version index, phase, attempt token, fence): `fence` is the publisher lease's fence the
+        publisher holds (0: none; it acquires before it reserves), `epoch` counts publisher crashes."""
+        epoch, vi, phase, tok, fence = st[PUB]
         view, net, budget = self.k.reg_views[st[REG]], st[NET], st[BUD]
         client = (C_PUB, epoch)
         if phase == PP_IDLE:
             if vi >= self.V:
-                out.append((("pub", "done"), self._with(st, pub=(epoch, vi, PP_DONE, -1)), ()))
+                out.append((("pub", "done"), self._with(st, pub=(epoch, vi, PP_DONE, -1, fence)), ()))
+            elif not fence:
+                self._pub_send(st, (epoch, vi, PP_LEASING, -1, 0), (R_ACQUIRE, H_PUBLISHER), "acquire", out)
             elif view.occupied < self.bounds.capacity and not _pending(view):
-                self._pub_send(st, (epoch, vi, PP_RESERVING, -1), (R_RESERVE, vi), "reserve", out)
+                self._pub_send(st, (epoch, vi, PP_RESERVING, -1, fence), (R_RESERVE, vi, fence), "reserve", out)
         elif phase == PP_STAGING:
             staging = any(j[0] == J_STAGE and j[2] == vi and j[3] == tok for j in st[JOBS])
             ready = all(p is not None and p[0] == P_READY and p[1] == tok and p[2] == view.incarnations[e]
                         for e, p in enumerate(view.placements[vi]))
             if not staging and ready:
-                self._pub_send(st, (epoch, vi, PP_COMMITTING, tok), (R_COMMIT, vi, tok, view.revision), "commit", out)
+                self._pub_send(st, (epoch, vi, PP_COMMITTING, tok, fence), (R_COMMIT, vi, tok, view.revision, fence),
+                               "commit", out)
             if budget[FAILURES] > 0 or (not staging and not ready):  # a missed deadline (or stuck): abort
                 jobs = tuple(j for j in st[JOBS] if not (j[0] == J_STAGE and j[2] == vi and j[3] == tok))
                 nb = budget if not staging and not ready else _spend(budget, FAILURES)
-                nxt = self._with(st, pub=(epoch, vi, PP_ABORTING, tok), jobs=jobs, bud=nb,
+                nxt = self._with(st, pub=(epoch, vi, PP_ABORTING, tok, fence), jobs=jobs, bud=nb,
                                  net=self._net_add(net, self._reg_call(client, (R_ABORT, vi, tok))))
                 out.append((("pub", "abort"), nxt, ()))
         elif phase == PP_CLEANING:
             if view.vstate[vi] == V_FAILED_CLEAN:
                 if self._registry_knows_incarnations(st):
-                    out.append((("pub", "retry_version"), self._with(st, pub=(epoch, vi, PP_IDLE, -1)), ()))
+                    out.append((("pub", "retry_version"), self._with(st, pub=(epoch, vi, PP_IDLE, -1, fence)), ()))
             elif not any(j[0] == J_CLEAN and j[2] == vi for j in st[JOBS]) and not self._in_flight(net, client):
                 # cleanups not confirmed and nobody working on them: re-issue (abort.replay re-emits them)
-                self._pub_send(st, (epoch, vi, PP_ABORTING, tok), (R_ABORT, vi, tok), "abort_again", out)
+                self._pub_send(st, (epoch, vi, PP_ABORTING, tok, fence), (R_ABORT, vi, tok), "abort_again", out)
         elif phase == PP_RECOVER:
             self._recover(st, out)
         elif phase in _PUB_CALLS and not self._in_flight(net, client):
-            code = {PP_RESERVING: (R_RESERVE, vi), PP_COMMITTING: (R_COMMIT, vi, tok, view.revision),
-                    PP_ABORTING: (R_ABORT, vi, tok)}[phase]
-            if phase == PP_COMMITTING:
-                code = (R_COMMIT, vi, tok, self._commit_revision(st))
+            code = {PP_RESERVING: (R_RESERVE, vi, fence), PP_ABORTING: (R_ABORT, vi, tok),
+                    PP_LEASING: (R_ACQUIRE, H_PUBLISHER)}.get(phase) or (R_COMMIT, vi, tok, self._commit_revision(st),
+                                                                     fence)
             out.append((("pub", "retry"), self._with(st, net=self._net_add(net, self._reg_call(client, code))), ()))
 
     def _registry_knows_incarnations(self, st: State) -> bool:
@@ -588,46 +600,56 @@ class System:
     def _recover(self, st: State, out: list[Successor]) -> None:
         """A fresh publisher after a crash: finish (abort and clean) a pending attempt, else go on with
         the first version not yet committed."""
-        epoch = st[PUB][0]
+        epoch, fence = st[PUB][0], st[PUB][4]
         view = self.k.reg_views[st[REG]]
         for v in range(self.V):
             if view.vstate[v] in (V_LOADING, V_ABORTED):
-                self._pub_send(st, (epoch, v, PP_ABORTING, view.vtoken[v]), (R_ABORT, v, view.vtoken[v]),
+                self._pub_send(st, (epoch, v, PP_ABORTING, view.vtoken[v], fence), (R_ABORT, v, view.vtoken[v]),
                                "recover_abort", out)
                 return
         vi = next((v for v in range(self.V) if view.vstate[v] in (V_UNSEEN, V_FAILED_CLEAN)), self.V)
-        out.append((("pub", "recover"), self._with(st, pub=(epoch, vi, PP_IDLE, -1)), ()))
+        out.append((("pub", "recover"), self._with(st, pub=(epoch, vi, PP_IDLE, -1, fence)), ()))
 
     def _publisher_reply(self, st: State, epoch: int, code: tuple[int, ...], answer: tuple[int, ...],
                          jobs: tuple[Any, ...]) -> State:
         rest = st[NET]
-        p_epoch, vi, phase, tok = st[PUB]
+        p_epoch, vi, phase, tok, fence = st[PUB]
         if epoch != p_epoch:
             return self._with(st, net=rest)  # a reply to the crashed publisher
         kind = code[0]
         view = self.k.reg_views[st[REG]]
+        lost_lease = answer[0] == NO and answer[1] == NOT_LEASE_HOLDER
+        if kind == R_ACQUIRE and phase == PP_LEASING:
+            # Granted: the fence its reserve and commit carry. Refused (another holds it): try again later.
+            return self._with(st, pub=(epoch, vi, PP_IDLE, -1, answer[1] if answer[0] == OK else 0), net=rest)
         if kind == R_RESERVE and phase == PP_RESERVING:
             if answer[0] == NO:
-                return self._with(st, pub=(epoch, vi, PP_IDLE, -1), net=rest)
+                return self._with(st, pub=(epoch, vi, PP_IDLE, -1, 0 if lost_lease else fence), net=rest)
             state, tok = answer[1], answer[2]
             if state == V_LOADING:
                 if not jobs:  # a replayed reserve carries no effects: stage from the registry's placements
                     jobs = tuple((J_STAGE, e, vi, p[1], p[2]) for e, p in enumerate(view.placements[vi])
                                  if p is not None and p[0] in _RESTAGE and p[1] == tok)
-                return self._with(st, pub=(epoch, vi, PP_STAGING, tok), jobs=self._add_jobs(st[JOBS], jobs), net=rest)
+                return self._with(st, pub=(epoch, vi, PP_STAGING, tok, fence), jobs=self._add_jobs(st[JOBS], jobs),
+                                  net=rest)
             if state in (V_ABORTED,):
-                return self._with(st, pub=(epoch, vi, PP_ABORTING, tok), net=self._net_add(
+                return self._with(st, pub=(epoch, vi, PP_ABORTING, tok, fence), net=self._net_add(
                     rest, self._reg_call((C_PUB, epoch), (R_ABORT, vi, tok))))
-            return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1), net=rest)  # already committed
+            return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1, fence), net=rest)  # already committed
         if kind == R_COMMIT and phase == PP_COMMITTING:
             if answer[0] == OK:
-                return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1), net=rest)
-            return self._with(st, pub=(epoch, vi, PP_STAGING, tok), net=rest)
+                return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1, fence), net=rest)
+            if lost_lease:  # certainly not committed, and never will be under this fence: abort (settle's
+                # commit.refused row), then acquire again before the next reserve
+                jobs = tuple(j for j in st[JOBS] if not (j[0] == J_STAGE and j[2] == vi and j[3] == tok))
+                return self._with(st, pub=(epoch, vi, PP_ABORTING, tok, 0), jobs=jobs, net=self._net_add(
+                    rest, self._reg_call((C_PUB, epoch), (R_ABORT, vi, tok))))
+            return self._with(st, pub=(epoch, vi, PP_STAGING, tok, fence), net=rest)
         if kind == R_ABORT and phase == PP_ABORTING:
             if answer[0] == OK:
-                return self._with(st, pub=(epoch, vi, PP_CLEANING, tok), jobs=self._add_jobs(st[JOBS], jobs),
+                return self._with(st, pub=(epoch, vi, PP_CLEANING, tok, fence), jobs=self._add_jobs(st[JOBS], jobs),
                                   net=rest)
-            return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1), net=rest)  # the commit had landed
+            return self._with(st, pub=(epoch, vi + 1, PP_IDLE, -1, fence), net=rest)  # the commit had landed
         return self._with(st, net=rest)
 
     # ================================================================ reclaimer
@@ -780,6 +802,7 @@ class System:
                     out.append((("dup", m), self._with(st, net=self._net_add(net, m), bud=nb), ()))
         if budget[FAILURES]:
             self._bad_manifest(st, out)
+        self._lease(st, out)
         if not budget[CRASHES]:
             return
         nb = _spend(budget, CRASHES)
@@ -797,11 +820,33 @@ class System:
         if any(m[0] == M_REG for m in net):  # the actor restarts from its journal: only its mailbox is lost
             out.append((("crash", "registry"), self._with(st, net=tuple(m for m in net if m[0] != M_REG), bud=nb),
                         ()))
-        epoch, vi, phase, _tok = st[PUB]
+        epoch, vi, phase, _tok, _fence = st[PUB]
         if phase in (PP_RESERVING, PP_STAGING, PP_COMMITTING, PP_ABORTING, PP_CLEANING):
             jobs = tuple(j for j in st[JOBS] if not (j[0] in (J_STAGE, J_CLEAN) and j[2] == vi))
-            nxt = self._with(st, pub=(epoch + 1, vi, PP_RECOVER, -1), jobs=jobs, bud=nb)
+            nxt = self._with(st, pub=(epoch + 1, vi, PP_RECOVER, -1, 0), jobs=jobs, bud=nb)
             out.append((("crash", "publisher"), nxt, ()))
+
+    def _lease(self, st: State, out: list[Successor]) -> None:
+        """The publisher lease's other actors, stepping the registry directly (its own timer; an operator's call
+        on the registry's node). Faults, each costing one lease fault: the timer expires the lease early (the
+        publisher stalled past its ttl), a rival takes it over (`publish --take-over`), live or not. Fair: a
+        rival that holds the lease releases it (its publication is not modelled), so the publisher gets it back."""
+        view = self.k.reg_views[st[REG]]
+        holder, fence = view.lease_holder, view.lease_fence
+        if holder == H_RIVAL:
+            self._lease_step(st, (R_RELEASE, H_RIVAL, fence), ("lease", "rival_release"), st[BUD], out)
+        if not st[BUD][LEASE_FAULTS] or not fence:
+            return
+        nb = _spend(st[BUD], LEASE_FAULTS)
+        if holder == H_PUBLISHER:
+            self._lease_step(st, (R_EXPIRE, fence), ("fault", "lease_expire"), nb, out)
+        if holder != H_RIVAL:
+            self._lease_step(st, (R_TAKEOVER, H_RIVAL, fence), ("fault", "rival_take_over"), nb, out)
+
+    def _lease_step(self, st: State, code: tuple[int, ...], label: tuple[Any, ...], budget: tuple[int, ...],
+                    out: list[Successor]) -> None:
+        t = self.k.reg_step(st[REG], code)
+        out.append((label, self._with(st, reg=t.after, bud=budget), t.problems))
 
     def _bad_manifest(self, st: State, out: list[Successor]) -> None:
         """A stage job's `end` whose manifest check fails on the engine (costs one publisher failure)."""
@@ -946,8 +991,8 @@ class System:
                 if a[0] != 0) + "]" for e, x in enumerate(st[ENGS]))
         sessions = " ".join(f"s{i}={SESSION_PHASES[p]}" + (f"({k.keys[v].version_id})" if v >= 0 else "")
                             for i, (p, v, *_r) in enumerate(st[SESS]))
-        epoch, vi, phase, _tok = st[PUB]
-        pub = f"pub#{epoch}={PUBLISHER_PHASES[phase]}({'ABCD'[vi] if vi < self.V else '-'})"
+        epoch, vi, phase, _tok, fence = st[PUB]
+        pub = f"pub#{epoch}={PUBLISHER_PHASES[phase]}({'ABCD'[vi] if vi < self.V else '-'},fence={fence})"
         return (f"registry[{versions or '-'} default_rev={view.revision}] {engines} {sessions} {pub} "
                 f"jobs={len(st[JOBS])} running={len(st[RUN])} net={len(st[NET])} budget={st[BUD]}")
 
@@ -957,7 +1002,7 @@ class System:
 _PART = {"reg": REG, "engs": ENGS, "sess": SESS, "pub": PUB, "rec": REC, "jobs": JOBS, "run": RUN, "net": NET,
          "bud": BUD}
 _SESSION_CALLS = {SP_OPENING: R_OPEN, SP_BINDING: R_BIND, SP_FINALIZING: R_BEGIN_CLOSE, SP_CLOSING: R_CLOSE}
-_PUB_CALLS = frozenset({PP_RESERVING, PP_COMMITTING, PP_ABORTING})
+_PUB_CALLS = frozenset({PP_RESERVING, PP_COMMITTING, PP_ABORTING, PP_LEASING})
 _JOB_UNSTARTED = -1
 _DRIVER = {J_STAGE: 0, J_CLEAN: 0, J_RECLAIM: 1, J_NOTIFY: 2}
 _JOB_NAMES = {J_STAGE: "stage", J_CLEAN: "cleanup", J_RECLAIM: "reclaim", J_NOTIFY: "notify_restart"}

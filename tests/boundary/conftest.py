@@ -15,6 +15,7 @@ from typing import Any
 import httpx
 import pytest
 from engine_helpers import PROMPT, TEST_TOKEN, Staged, client_for, lora_ids, publish_from_disk
+from lease_helpers import fence_of
 
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
@@ -109,7 +110,7 @@ def boundary(engines: Any, fixtures: Any, ray_cluster: None, tmp_path_factory: p
     registry = RayRegistry(handle, retry_deadline_s=60.0)
 
     async def reserve_one() -> None:
-        answer = await registry.submit(Reserve(VersionKey(REGISTRY_EPOCH, "A"), "a" * 64))
+        answer = await registry.submit(Reserve(VersionKey(REGISTRY_EPOCH, "A"), "a" * 64, await fence_of(registry)))
         assert isinstance(answer.result, Reserved), answer
 
     asyncio.run(reserve_one())

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 from engine_helpers import fresh_name
+from lease_helpers import fence
 
 from versioned_lora.adapters.ray_registry import RegistryCore
 from versioned_lora.lifecycle import Reserve, Reserved, VersionKey
@@ -100,5 +101,5 @@ def test_in_process_registry_refuses_reserve_outside_the_grammar(tmp_path: Path,
     with pytest.raises(InvalidIdentity):
         core.submit_batch("k2", [Reserve(VersionKey(0, "A"), DIGEST), Reserve(version, digest)])  # type: ignore[arg-type]
     assert (core.state_digest(), core.journal_stats()) == (before, seq)
-    assert isinstance(core.submit("k3", Reserve(VersionKey(0, "A"), DIGEST)).result, Reserved)
+    assert isinstance(core.submit("k3", Reserve(VersionKey(0, "A"), DIGEST, fence(core))).result, Reserved)
     core.close()

@@ -18,6 +18,7 @@ from typing import Any
 
 from deployment import Deployment
 from engine_helpers import PROMPT, TEST_TOKEN, run
+from lease_helpers import fence_of
 from test_publication_e2e import deployed
 
 from versioned_lora.lifecycle import RecordReady, Reserve
@@ -123,7 +124,7 @@ def test_ready_from_an_old_incarnation_is_ignored(engines, fixtures, tmp_path) -
     async def body() -> None:
         async with deployed(engines, fixtures, tmp_path) as d:
             b_version, b = d.candidate("B")
-            reserved = await d.registry.submit(Reserve(b_version, b.snapshot.digest))
+            reserved = await d.registry.submit(Reserve(b_version, b.snapshot.digest, await fence_of(d.registry)))
             token = reserved.result.attempt_token
             current = (await d.registry.publication_view()).incarnations["E0"]
             stale = await d.registry.submit(RecordReady(b_version, token, "E0", current - 1, b.snapshot.digest))

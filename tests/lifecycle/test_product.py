@@ -42,8 +42,12 @@ from versioned_lora.spec import ROWS, Machine
 
 VERSIONS = tuple((version(v), digest_of(v)) for v in ("A", "B", "C"))
 DOMAIN = EventDomain(versions=VERSIONS, sessions=(session(0), session(1), session(2, shard=1)), max_incarnation=2)
-# Small enough for the breadth-first search to reach commits, swaps and reclaims within its bound.
-SMALL_DOMAIN = EventDomain(versions=VERSIONS[:2], sessions=(session(0),), max_incarnation=1)
+# Small enough for the breadth-first search to reach commits, swaps and reclaims within its bound. Without the
+# publisher lease's events (a registry that never granted one: unfenced publication); the lease has its own
+# exhaustive search below (test_every_lease_pair_reached_by_breadth_first_search).
+SMALL_DOMAIN = EventDomain(versions=VERSIONS[:2], sessions=(session(0),), max_incarnation=1, lease=False)
+LEASE_DOMAIN = EventDomain(versions=VERSIONS[:1], sessions=(), max_incarnation=1, max_fence=3)
+LEASE_ROWS = {row.id for row in ROWS if row.machine is Machine.LEASE} | {"reserve.no_lease", "commit.no_lease"}
 ENGINE_DOMAIN = EngineEventDomain(
     adapters=(AdapterPlan("a", "da", 2), AdapterPlan("b", "db", 1)),
     attempt_tokens=("t1", "t2"),
@@ -99,7 +103,29 @@ def test_every_pair_reached_by_breadth_first_search() -> None:
     # claim, confirm) or, over_capacity, a third version SMALL_DOMAIN does not have.
     assert (expanded, len(frontier) > 0) == (2000, True)
     registry_rows = {row.id for row in ROWS if row.machine not in (Machine.ADAPTER, Machine.PROCESS)}
-    assert registry_rows - set(fired) == BEYOND_THE_BFS_BOUND
+    assert registry_rows - set(fired) == BEYOND_THE_BFS_BOUND | LEASE_ROWS
+
+
+def test_every_lease_pair_reached_by_breadth_first_search() -> None:
+    """The publisher lease with one version, two engines, both holders and every fault, from a registry that
+    requires the lease: every candidate event on the first 3000 states, breadth first (the space is infinite:
+    each retry of a cleaned attempt mints a token), every pair checked, and every lease row fired, with the
+    refusals of a Reserve and a Commit under a fence that is not live."""
+    start = initial_state(engines=("E0", "E1"), capacity=2, publisher_lease=True)
+    seen = {start}
+    frontier = deque([start])
+    fired: Counter[str] = Counter()
+    expanded = 0
+    while frontier and expanded < 3000:
+        state = frontier.popleft()
+        expanded += 1
+        for event in candidate_events(state, LEASE_DOMAIN):
+            after = _registry_pair(state, event, fired)
+            if after not in seen:
+                seen.add(after)
+                frontier.append(after)
+    assert LEASE_ROWS - set(fired) == set(), sorted(LEASE_ROWS - set(fired))
+    assert fired["commit.bootstrap"] and fired["reserve.new"]  # the holder still publishes
 
 
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -137,7 +163,7 @@ def test_deep_scripted_walk_fires_every_registry_row() -> None:
     def domain(state: RegistryState) -> EventDomain:
         # Sessions slide with the low-water mark, so fresh sessions keep arriving as old ones close.
         mark = state.low_water.get(0, 0)
-        return EventDomain(versions=VERSIONS, sessions=tuple(session(mark + i) for i in range(3)))
+        return EventDomain(versions=VERSIONS, sessions=tuple(session(mark + i) for i in range(3)), lease=False)
 
     for capacity in (1, 2, 3):
         state = initial_state(capacity=capacity)
@@ -153,7 +179,7 @@ def test_deep_scripted_walk_fires_every_registry_row() -> None:
             state = _registry_pair(state, rng.choice(enabled), fired)
     # ClaimReclaim is always a candidate; the walk must have claimed and reclaimed at least once.
     assert fired["claim.retired"] and fired["confirm.last"]
-    registry_rows = {row.id for row in ROWS if row.machine not in (Machine.ADAPTER, Machine.PROCESS)}
+    registry_rows = {row.id for row in ROWS if row.machine not in (Machine.ADAPTER, Machine.PROCESS)} - LEASE_ROWS
     assert registry_rows - set(fired) == set(), sorted(registry_rows - set(fired))
     assert ClaimReclaim(VERSIONS[0][0]) in candidate_events(state, DOMAIN)
 

@@ -19,12 +19,13 @@ COMMAND = [sys.executable, "scripts/mutate_spec.py", "--seed", "1", "--count", "
 SUMMARY_PREFIX = "MUTATION SUMMARY "
 EXPECTED = {
     "mutants": 40, "equivalent": 0, "scored": 40,
-    "killed": 38, "crash_only": 2, "survived": 0,
-    "checker_killed": 30, "checker_crash_only": 10,
-    "hypothesis_killed": 38, "hypothesis_crash_only": 2,
-    # Stopped only by an AssertionError inside an update (registry_rules.py) that no property names:
-    # the mutant reaches the update in a state its comment rules out.
-    "crash_only_mutants": ["delete_row bind.no_default", "drop_update commit.bootstrap -point_default_here"],
+    "killed": 39, "crash_only": 1, "survived": 0,
+    "checker_killed": 31, "checker_crash_only": 9,
+    "hypothesis_killed": 39, "hypothesis_crash_only": 1,
+    # Stopped only by an AssertionError inside a result builder (registry_rules.py: reclaim_claimed) that no
+    # property names: the mutant reaches it in a state its comment rules out. (The sample changed with the
+    # publisher lease's rows; before them: 38 killed, 2 crash-only, on other mutants.)
+    "crash_only_mutants": ["drop_update claim.retired -issue_reclaim_id"],
     "survivors": [],
 }  # fmt: skip
 

@@ -22,7 +22,7 @@ MIN_FIRINGS = 10
 # Rows the stateful machine provably cannot fire, with the reason. Empty: every row is reachable.
 UNREACHABLE: dict[str, str] = {}
 
-settings.register_profile("ci", max_examples=1000, stateful_step_count=50, deadline=None,
+settings.register_profile("ci", max_examples=1200, stateful_step_count=50, deadline=None,
                           suppress_health_check=list(HealthCheck), derandomize=True, database=None)
 settings.register_profile("nightly", max_examples=4000, stateful_step_count=120, deadline=None,
                           suppress_health_check=list(HealthCheck))

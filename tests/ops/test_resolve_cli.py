@@ -15,7 +15,7 @@ from test_publication_e2e import deployed
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.interfaces import RegistryUnavailable
-from versioned_lora.runtime.publisher import PublishStatus, UnknownReason
+from versioned_lora.runtime.publisher import DEFAULT_HOLDER, PublishStatus, UnknownReason
 
 
 class DroppedCommits:
@@ -57,7 +57,8 @@ def test_resolve_settles_an_injected_unknown_commit_outcome_under_the_same_key(e
             with contextlib.suppress(asyncio.CancelledError):
                 await task
             lost_key = lossy.dropped[0]
-            assert lost_key == f"commit:{outcome.attempt_token}:1" and set(lossy.dropped) == {lost_key}
+            fence = d.publisher.fence
+            assert lost_key == f"commit:{outcome.attempt_token}:1:{fence}" and set(lossy.dropped) == {lost_key}
             assert not await d.handle.journal_has.remote(lost_key)
 
             status = (await cli("status", "--json", *connection_args(d, tmp_path, token=False))).json()
@@ -66,7 +67,9 @@ def test_resolve_settles_an_injected_unknown_commit_outcome_under_the_same_key(e
                 ("CAPACITY_FULL", None, "versioned-lora reclaim")]
             assert status["registry"]["default"]["version_id"] == "A"
 
-            resolved = await cli("resolve", *conn)
+            # The dead publisher's successor resolves it under the same holder name (a restarted trainer): it keeps
+            # the lease's fence (lease.acquire_replay), so its commit is the very call the lost one was.
+            resolved = await cli("resolve", "--holder", DEFAULT_HOLDER, *conn)
             assert resolved.code == 0, resolved.stdout + resolved.stderr
             assert resolved.receipt()["resolved"] == [
                 {"version_id": "B", "action": "publication", "status": "COMMITTED", "reason": None}]

@@ -58,6 +58,8 @@ async def check_against_raw(d: Any, tmp_path: Any) -> dict[str, Any]:
     assert rows["registry"]["default_revision"] == view.default_revision
     assert rows["registry"]["engines"] == list(view.engines)
     assert rows["registry"]["incarnations"] == dict(view.incarnations)
+    lease = rows["registry"]["lease"]
+    assert (lease["holder"], lease["fence"]) == (view.lease_holder, view.lease_fence)
     expected = raw_versions(view)
     got = {v["version_id"]: {k: x for k, x in v.items() if k != "reclaim_confirmed"} for v in rows["versions"]}
     assert got == expected

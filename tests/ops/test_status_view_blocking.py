@@ -8,6 +8,8 @@ import asyncio
 import hashlib
 import socket
 
+from lease_helpers import fence
+
 from versioned_lora.adapters.ray_registry import RegistryCore
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.lifecycle import Abort, RecordUnknown, Reserve, VersionKey
@@ -30,7 +32,7 @@ def test_staging_aborted_unknown_and_unreachable_are_each_listed_with_what_to_ru
     core = RegistryCore(tmp_path / "journal.sqlite", engines=("E0", "E1"), capacity=2, epoch=7)
     digest = hashlib.sha256(b"A").hexdigest()
     a = VersionKey(7, "A")
-    reserved = core.submit("reserve:A", Reserve(a, digest))
+    reserved = core.submit("reserve:A", Reserve(a, digest, fence(core)))
     assert kinds(core, []) == [(BlockingKind.PUBLICATION_IN_FLIGHT, "A", None)]
 
     async def unreachable() -> object:

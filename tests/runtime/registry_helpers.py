@@ -8,6 +8,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+from lease_helpers import fence_of
+
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
 from versioned_lora.lifecycle import (
     ClaimReclaim,
@@ -38,14 +40,15 @@ def new_actor(tmp_path: Path, **kwargs: Any) -> tuple[Any, RayRegistry]:
 
 
 async def publish(registry: RegistryPort, version: VersionKey, revision: int) -> str:
-    """Reserve, READY on every engine (incarnation 0), commit: what a Publisher reports to the registry."""
-    reserved = (await registry.submit(Reserve(version, digest_of(version)))).result
+    """Lease, reserve, READY on every engine (incarnation 0), commit: what a Publisher reports to the registry."""
+    fence = await fence_of(registry)
+    reserved = (await registry.submit(Reserve(version, digest_of(version), fence))).result
     assert isinstance(reserved, Reserved), reserved
     token = reserved.attempt_token
     reports = [kind(version, token, engine, 0, digest_of(version)) for engine in ENGINES
                for kind in (RecordPrepared, RecordReady)]
     await registry.submit_batch(reports)
-    committed = (await registry.submit(Commit(version, token, revision))).result
+    committed = (await registry.submit(Commit(version, token, revision, fence))).result
     assert isinstance(committed, Committed), committed
     return token
 

@@ -7,6 +7,7 @@ import hashlib
 from pathlib import Path
 
 import pytest
+from lease_helpers import fence
 
 from versioned_lora import capabilities
 from versioned_lora.adapters.ray_registry import RegistryCore
@@ -44,7 +45,8 @@ def _digest(label: str) -> str:
 
 
 def _ready(core: RegistryCore, version: VersionKey) -> str:
-    token = core.submit(f"reserve:{version.version_id}", Reserve(version, _digest(version.version_id))).result
+    token = core.submit(f"reserve:{version.version_id}",
+                        Reserve(version, _digest(version.version_id), fence(core))).result
     for engine in ("E0", "E1"):
         core.submit(f"p:{version.version_id}:{engine}",
                     RecordPrepared(version, token.attempt_token, engine, 0, _digest(version.version_id)))
@@ -56,12 +58,12 @@ def _ready(core: RegistryCore, version: VersionKey) -> str:
 def test_the_registry_signs_cleanups_of_aborted_attempts_and_reclaims_of_claimed_versions(tmp_path: Path) -> None:
     core = RegistryCore(tmp_path / "j.sqlite", capability_key=KEY)
     a, b = VersionKey(0, "A"), VersionKey(0, "B")
-    reserved = core.submit("reserve:A", Reserve(a, _digest("A")))
+    reserved = core.submit("reserve:A", Reserve(a, _digest("A"), fence(core)))
     assert all(capability is None for capability in reserved.capabilities)  # never at reserve
     token_a = _ready(core, a)
-    core.submit("commit:A", Commit(a, token_a, 0))
+    core.submit("commit:A", Commit(a, token_a, 0, fence(core)))
     token_b = _ready(core, b)
-    core.submit("commit:B", Commit(b, token_b, 1))
+    core.submit("commit:B", Commit(b, token_b, 1, fence(core)))
     assert core.submit("abort:A", Abort(a, token_a)).effects == ()  # a committed version: no cleanup at all
 
     claim = core.submit("claim:A", ClaimReclaim(a))

@@ -8,6 +8,7 @@ import hashlib
 import sqlite3
 from pathlib import Path
 
+from lease_helpers import fence
 from test_journal_upgrade import RECORDED, recorded_journal
 
 from versioned_lora.adapters.ray_registry import RegistryCore
@@ -31,11 +32,11 @@ def _digest(label: str) -> str:
 
 def _publish(core: RegistryCore, version: VersionKey, revision: int) -> None:
     digest = _digest(version.version_id)
-    token = core.submit(f"reserve:{version.version_id}", Reserve(version, digest)).result.attempt_token
+    token = core.submit(f"reserve:{version.version_id}", Reserve(version, digest, fence(core))).result.attempt_token
     for engine in ("E0", "E1"):
         core.submit(f"p:{version.version_id}:{engine}", RecordPrepared(version, token, engine, 0, digest))
         core.submit(f"r:{version.version_id}:{engine}", RecordReady(version, token, engine, 0, digest))
-    core.submit(f"commit:{version.version_id}", Commit(version, token, revision))
+    core.submit(f"commit:{version.version_id}", Commit(version, token, revision, fence(core)))
 
 
 def _claim(core: RegistryCore, version: VersionKey) -> str:

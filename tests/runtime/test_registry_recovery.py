@@ -18,6 +18,7 @@ from typing import Any, TypeVar
 
 import pytest
 import ray
+from lease_helpers import fence_of
 from registry_helpers import A, B, digest_of, new_actor, publish, refs
 
 from versioned_lora.adapters.journal import JournalConfigMismatch, JournalCorrupt, dumps_row, loads, state_digest
@@ -70,7 +71,8 @@ def test_kill_between_calls_recovers_the_same_state_and_answers_retries_from_the
         close_key = "close-s0-0"
         first = await registry.submit(CloseAndRelease(SessionKey(0, 0, 0)), key=close_key)
         assert first.result == Closed(SessionKey(0, 0, 0), released=True) and not first.from_journal
-        reserved = await registry.submit(Reserve(B, digest_of(B)), key="reserve-B")  # B pending: LOADING
+        reserved = await registry.submit(Reserve(B, digest_of(B), await fence_of(registry)),
+                                         key="reserve-B")  # B pending: LOADING
         digest = await registry.state_digest()
         stats = ray.get(handle.journal_stats.remote())
 
@@ -84,7 +86,8 @@ def test_kill_between_calls_recovers_the_same_state_and_answers_retries_from_the
         # The retried close is answered from the journal: released=True as the first time, no second release.
         retry = await registry.submit(CloseAndRelease(SessionKey(0, 0, 0)), key=close_key)
         assert retry.from_journal and retry.result == first.result and retry.journal_seq == first.journal_seq
-        again = await registry.submit(Reserve(B, digest_of(B)), key="reserve-B")
+        again = await registry.submit(Reserve(B, digest_of(B), await fence_of(registry)),
+                                      key="reserve-B")
         assert again.from_journal and again.result == reserved.result and again.effects == reserved.effects
         assert await registry.state_digest() == digest
         assert ray.get(handle.journal_stats.remote())["last_seq"] == stats["last_seq"]

@@ -347,6 +347,15 @@ class Journal:
         self._db.close()
 
     # ---- configuration guard
+    def recorded_config(self) -> RegistryConfig | None:
+        """The configuration this journal was begun with (None: a new journal)."""
+        row = self._db.execute("SELECT v FROM meta WHERE k='config'").fetchone()
+        if row is None:
+            return None
+        config = loads(row[0])
+        assert isinstance(config, RegistryConfig)
+        return config
+
     def bind_config(self, config: RegistryConfig) -> None:
         """Record the registry configuration on first use; refuse a journal written for another one."""
         text = dumps(config)

@@ -30,6 +30,8 @@ from versioned_lora import capabilities
 from versioned_lora.adapters.journal import CheckpointWriter, Journal, state_digest
 from versioned_lora.adapters.registry_metrics import OPEN_SESSION_STATES, RegistryMetrics, ray_metric
 from versioned_lora.lifecycle import (
+    ArmLeaseTimer,
+    ExpireLease,
     RegistryEffect,
     RegistryEvent,
     RegistryState,
@@ -74,6 +76,11 @@ class OperationsView:
     occupied: int
     reclaim_confirmed: dict[VersionKey, tuple[str, ...]]
     open_sessions: int
+    # The publisher lease: its holder (None: free), the last fence granted, and the seconds until the registry
+    # expires it without a renewal (None: free, or this registry process has armed no timer for it).
+    lease_holder: str | None = None
+    lease_fence: int = 0
+    lease_expires_in_s: float | None = None
 
 
 @attrs.frozen
@@ -117,15 +124,21 @@ class RegistryCore:
         answer_cache: int = DEFAULT_ANSWER_CACHE,
         capability_key: bytes | None = None,
         id_salt: str | None = None,
+        publisher_lease: bool = True,
     ) -> None:
         """`capability_key`: the key engines check cleanups and reclaims with (`versioned_lora.capabilities`);
         default: `KEY_ENV` of this process's environment, else none (answers carry no capabilities).
-        `id_salt`: the reclaim-id salt of a new journal (default: a random one; `Journal.id_salt`)."""
+        `id_salt`: the reclaim-id salt of a new journal (default: a random one; `Journal.id_salt`).
+        `publisher_lease`: whether a new journal requires the publisher lease's fence on every Reserve and
+        Commit (`RegistryConfig.publisher_lease`); a journal keeps what it was begun with (one begun before
+        leases existed replays unfenced, as it ran)."""
         started = time.perf_counter()
         self._capability_key = capability_key if capability_key is not None else capabilities.key_from_env()
         self._journal = Journal(journal_path)
+        recorded = self._journal.recorded_config()
         initial = initial_state(engines=engines, capacity=capacity, epoch=epoch,
-                                id_salt=self._journal.id_salt(id_salt))
+                                id_salt=self._journal.id_salt(id_salt),
+                                publisher_lease=publisher_lease if recorded is None else recorded.publisher_lease)
         self._journal.bind_config(initial.config)
         self._state, replayed = self._journal.recover(initial, step)
         self._next_seq = self._journal.next_seq()
@@ -135,6 +148,10 @@ class RegistryCore:
         self._recent: OrderedDict[str, tuple[tuple[RegistryEvent, ...], tuple[RegistryAnswer, ...]]] = OrderedDict()
         self._answer_cache = answer_cache
         self._fault: _Fault | None = None
+        # The publisher lease's timer (ArmLeaseTimer): (fence, monotonic deadline). A recovered registry grants a
+        # held lease a whole ttl from now: it never expires a lease sooner than its holder could have renewed it.
+        lease = self._state.lease
+        self._lease_timer = None if lease.holder is None else (lease.fence, time.monotonic() + lease.ttl_s)
         self.recovery = RecoveryReport(replayed, time.perf_counter() - started, self._next_seq - 1)
 
     def _after_checkpoint(self) -> None:
@@ -151,6 +168,7 @@ class RegistryCore:
         if len(events) > MAX_BATCH:
             raise BatchTooLarge(len(events))
         _check_identities(events)
+        self._expire_lease_when_due()
         answered = self._answered(key, events)
         if answered is not None:
             return self._signed(answered)
@@ -161,6 +179,7 @@ class RegistryCore:
             steps.append((result, tuple(effects)))
             self._maybe_fault("mid_batch", index + 1)
         if state is self._state:  # every row was a keep row: no effect to protect, no fsync
+            self._arm_lease_timer(steps)
             return self._signed(tuple(RegistryAnswer(result, effects, None) for result, effects in steps))
         seq = self._next_seq
         answers = tuple(RegistryAnswer(result, effects, seq) for result, effects in steps)
@@ -181,6 +200,7 @@ class RegistryCore:
         # Only now, with the row durable, does the state move and the call become answerable.
         self._next_seq = seq + 1
         self._state = state
+        self._arm_lease_timer(steps)
         self._remember(key, events, answers)
         if checkpoint_stored:
             self._checkpointing = None
@@ -191,6 +211,24 @@ class RegistryCore:
             self._events_since_checkpoint = 0
         self._maybe_fault("after_commit")
         return self._signed(answers)
+
+    def _arm_lease_timer(self, steps: Sequence[tuple[Any, tuple[RegistryEffect, ...]]]) -> None:
+        for _, effects in steps:
+            for effect in effects:
+                if isinstance(effect, ArmLeaseTimer):
+                    self._lease_timer = (effect.fence, time.monotonic() + effect.ttl_s)
+
+    def _expire_lease_when_due(self) -> None:
+        """The lease timer fires here, at the start of the first call after its deadline, rather than on a
+        thread of its own: a lease is only ever observed through a call, so one that expired with no call in
+        between is the same as one that expires now. The expiry is a row (lease.expire), journaled under a key
+        of its fence; a timer of a fence no longer live changes nothing (lease.expire_late)."""
+        timer = self._lease_timer
+        if timer is None or time.monotonic() < timer[1]:
+            return
+        self._lease_timer = None
+        if self._state.lease.holder is not None and self._state.lease.fence == timer[0]:
+            self.submit_batch(f"lease-expired:{timer[0]}", (ExpireLease(timer[0]),))
 
     def _signed(self, answers: tuple[RegistryAnswer, ...]) -> tuple[RegistryAnswer, ...]:
         """The answers with a capability for each cleanup of an ABORTED version (an abort row's effect) and each
@@ -247,11 +285,14 @@ class RegistryCore:
         return state_digest(self._state)
 
     def operations_view(self) -> OperationsView:
-        state = self._state
+        state, timer = self._state, self._lease_timer  # a read expires nothing: an overdue lease shows 0 s left
+        held = state.lease.holder is not None and timer is not None and timer[0] == state.lease.fence
         return OperationsView(
             state.config.epoch, state.config.capacity, occupied_slots(state),
             {key: tuple(sorted(v.reclaim_confirmed)) for key, v in state.versions.items() if v.reclaim_id is not None},
             sum(1 for s in state.sessions.values() if s.state in OPEN_SESSION_STATES),
+            state.lease.holder, state.lease.fence,
+            max(0.0, timer[1] - time.monotonic()) if held and timer is not None else None,
         )
 
     @property

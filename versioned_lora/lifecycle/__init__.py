@@ -10,8 +10,9 @@ Registry (the single writer the runtime wraps)::
 
 Events (frozen, carrying their idempotency identities): Reserve, RecordPrepared, RecordReady,
 RecordUnknown, Commit, Abort, RecordCleaned, ClaimReclaim, ConfirmReclaim, OpenSession, BindFirst,
-BeginClose, CloseAndRelease, EngineRestarted. Refusals are `Rejected(reason: Reason, row: str)`
-results (VERSION_CONFLICT, CAPACITY_ERROR, PUBLICATION_IN_PROGRESS, STALE_ATTEMPT,
+BeginClose, CloseAndRelease, EngineRestarted, and the publisher lease's AcquireLease, RenewLease,
+ReleaseLease, ExpireLease, TakeOverLease (Reserve and Commit carry its fence). Refusals are
+`Rejected(reason: Reason, row: str)` results (VERSION_CONFLICT, CAPACITY_ERROR, PUBLICATION_IN_PROGRESS, STALE_ATTEMPT,
 STALE_INCARNATION, NO_PUBLISHED_VERSION, SESSION_CLOSED, NOT_RECLAIMABLE, UNKNOWN_VERSION, ...).
 A (state, event) pair no row covers raises `ProtocolError`; the state is unchanged (it is a value).
 
@@ -52,6 +53,7 @@ from versioned_lora.lifecycle.core import (
 )
 from versioned_lora.lifecycle.effects import (
     AllocateStash,
+    ArmLeaseTimer,
     AwaitUnload,
     CapacityFreed,
     CleanupOnEngine,
@@ -86,6 +88,8 @@ from versioned_lora.lifecycle.results import (
     Closed,
     Committed,
     EngineResult,
+    LeaseGranted,
+    LeaseStatus,
     ProcessStatus,
     ReadyLocal,
     ReclaimClaimed,
@@ -98,7 +102,9 @@ from versioned_lora.lifecycle.results import (
     SessionStatus,
 )
 from versioned_lora.spec.events import (
+    NO_FENCE,
     Abort,
+    AcquireLease,
     AcquireRequest,
     BeginClose,
     BeginStaging,
@@ -112,6 +118,7 @@ from versioned_lora.spec.events import (
     EngineEvent,
     EngineRestarted,
     EngineStarted,
+    ExpireLease,
     FinishUnload,
     OpenSession,
     ReceiveBucket,
@@ -121,8 +128,11 @@ from versioned_lora.spec.events import (
     RecordReady,
     RecordUnknown,
     RegistryEvent,
+    ReleaseLease,
     ReleaseRequest,
+    RenewLease,
     Reserve,
+    TakeOverLease,
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name, reclaim_id
 from versioned_lora.spec.model import (
@@ -130,23 +140,27 @@ from versioned_lora.spec.model import (
     EngineAdapterState,
     ManagedAdapter,
     Placement,
+    PublisherLease,
     RegistryConfig,
     RegistryState,
     SessionRecord,
     Version,
 )
 from versioned_lora.spec.reasons import Reason
-from versioned_lora.spec.states import AdapterState, PlacementState, SessionState, VersionState
+from versioned_lora.spec.states import AdapterState, LeaseState, PlacementState, SessionState, VersionState
 
 __all__ = [
     "CORE",
+    "NO_FENCE",
     "Abort",
     "Aborted",
+    "AcquireLease",
     "AcquireRequest",
     "AdapterPlan",
     "AdapterState",
     "AdapterStatus",
     "AllocateStash",
+    "ArmLeaseTimer",
     "AwaitUnload",
     "BeginClose",
     "BeginStaging",
@@ -172,10 +186,14 @@ __all__ = [
     "EngineResult",
     "EngineStarted",
     "EventDomain",
+    "ExpireLease",
     "FinishUnload",
     "Fired",
     "FreeStash",
     "InvariantViolation",
+    "LeaseGranted",
+    "LeaseState",
+    "LeaseStatus",
     "LoadPinned",
     "ManagedAdapter",
     "OpenSession",
@@ -184,6 +202,7 @@ __all__ = [
     "PlacementState",
     "ProcessStatus",
     "ProtocolError",
+    "PublisherLease",
     "ReadyLocal",
     "Reason",
     "ReceiveBucket",
@@ -203,7 +222,9 @@ __all__ = [
     "RegistryResult",
     "RegistryState",
     "Rejected",
+    "ReleaseLease",
     "ReleaseRequest",
+    "RenewLease",
     "Reserve",
     "Reserved",
     "Restarted",
@@ -213,6 +234,7 @@ __all__ = [
     "SessionStatus",
     "StageOnEngine",
     "StashBucket",
+    "TakeOverLease",
     "Unregister",
     "Version",
     "VersionKey",

@@ -122,10 +122,13 @@ def initial_state(
     epoch: int = 0,
     incarnations: Mapping[str, int] | None = None,
     id_salt: str = "",
+    publisher_lease: bool = False,
 ) -> RegistryState:
     """An empty registry for a fixed engine set. Incarnation 0 means "not yet reported": the first
     `EngineRestarted` from a freshly started engine moves it to the engine's real incarnation. `id_salt`:
-    what keys the registry's reclaim ids (`RegistryState.id_salt`)."""
+    what keys the registry's reclaim ids (`RegistryState.id_salt`). `publisher_lease`: every Reserve and
+    Commit must carry the live publisher lease's fence (`RegistryConfig.publisher_lease`); a deployment's
+    registry turns it on (adapters/ray_registry.py), the pure tests mostly leave it off."""
     engines = tuple(engines)
     if len(set(engines)) != len(engines) or not engines:
         raise ValueError(f"engines must be distinct and non-empty: {engines!r}")
@@ -133,7 +136,7 @@ def initial_state(
         raise ValueError(f"capacity must be positive: {capacity}")
     known = dict(incarnations or {})
     return RegistryState(
-        config=RegistryConfig(epoch, engines, capacity),
+        config=RegistryConfig(epoch, engines, capacity, publisher_lease),
         versions=Map(),
         placements=Map(),
         session_refs=Map(),

@@ -20,6 +20,7 @@ from versioned_lora.lifecycle.errors import ProtocolError
 from versioned_lora.lifecycle.results import Aborted, ReclaimClaimed, ReclaimConfirmed, Rejected
 from versioned_lora.spec.drivers import DRIVER_ROWS, TERMINAL, Driver, DriverOutcome, DriverRow, Input
 from versioned_lora.spec.events import (
+    NO_FENCE,
     Abort,
     ClaimReclaim,
     Commit,
@@ -170,6 +171,7 @@ class SettleState:
     commit: bool
     engines: Map[str, CleanupEngineState] = attrs.field(factory=Map)
     reason: str | None = None  # the refusal that decided the outcome, for the caller
+    fence: int = NO_FENCE  # the publisher lease's fence the commit carries (events.Commit)
 
 
 @attrs.frozen
@@ -193,8 +195,9 @@ DriverState: TypeAlias = SettleState | ReclaimState
 SubState: TypeAlias = CleanupEngineState | ReclaimEngineState
 
 
-def settle(version: VersionKey, attempt_token: str, expected_revision: int, *, commit: bool) -> SettleState:
-    return SettleState("IDLE", version, attempt_token, expected_revision, commit)
+def settle(version: VersionKey, attempt_token: str, expected_revision: int, *, commit: bool,
+           fence: int = NO_FENCE) -> SettleState:
+    return SettleState("IDLE", version, attempt_token, expected_revision, commit, fence=fence)
 
 
 def reclaim(version: VersionKey) -> ReclaimState:
@@ -205,7 +208,11 @@ def reclaim(version: VersionKey) -> ReclaimState:
 
 
 def commit_key(s: SettleState) -> str:
-    return f"commit:{s.attempt_token}:{s.expected_revision}"
+    """One key per attempt, expected revision and lease fence: a publisher retrying its own commit sends the
+    same call; a publisher under another fence (one that took the lease over) sends a new one, which the
+    registry answers with the original receipt if the first landed (commit.replay). Unfenced: no suffix."""
+    fenced = f":{s.fence}" if s.fence != NO_FENCE else ""
+    return f"commit:{s.attempt_token}:{s.expected_revision}{fenced}"
 
 
 def abort_key(s: SettleState) -> str:
@@ -282,7 +289,8 @@ Built = tuple[Any, tuple[Command, ...]]
 
 
 def _submit_commit(s: SettleState, sub: None, i: DriverInput) -> Built:
-    return s, (Submit(Call("commit"), Commit(s.version, s.attempt_token, s.expected_revision), commit_key(s)),)
+    return s, (Submit(Call("commit"), Commit(s.version, s.attempt_token, s.expected_revision, s.fence),
+                      commit_key(s)),)
 
 
 def _submit_abort(s: SettleState, sub: None, i: DriverInput) -> Built:

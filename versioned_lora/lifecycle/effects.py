@@ -55,6 +55,15 @@ class CapacityFreed:
     version: VersionKey
 
 
+@attrs.frozen
+class ArmLeaseTimer:
+    """(Re)start the registry's timer for the lease under `fence`: `ExpireLease(fence)` once `ttl_s` pass
+    without another arming. Executed by the registry's own process (adapters/ray_registry.py), not the caller."""
+
+    fence: int
+    ttl_s: float
+
+
 # ---- engine side: executed by the SGLang patch ----
 
 
@@ -101,5 +110,5 @@ class PhysicalUnload:
     lora_name: str
 
 
-RegistryEffect = StageOnEngine | CleanupOnEngine | ReclaimOnEngine | ReclaimEligible | CapacityFreed
+RegistryEffect = StageOnEngine | CleanupOnEngine | ReclaimOnEngine | ReclaimEligible | CapacityFreed | ArmLeaseTimer
 EngineEffect = AllocateStash | StashBucket | LoadPinned | FreeStash | Unregister | AwaitUnload | PhysicalUnload

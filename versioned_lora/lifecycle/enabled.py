@@ -14,7 +14,9 @@ import attrs
 
 from versioned_lora.lifecycle.core import CORE, Core, RegistryStep
 from versioned_lora.spec.events import (
+    NO_FENCE,
     Abort,
+    AcquireLease,
     AcquireRequest,
     BeginClose,
     BeginStaging,
@@ -28,6 +30,7 @@ from versioned_lora.spec.events import (
     EngineEvent,
     EngineRestarted,
     EngineStarted,
+    ExpireLease,
     FinishUnload,
     OpenSession,
     ReceiveBucket,
@@ -37,8 +40,11 @@ from versioned_lora.spec.events import (
     RecordReady,
     RecordUnknown,
     RegistryEvent,
+    ReleaseLease,
     ReleaseRequest,
+    RenewLease,
     Reserve,
+    TakeOverLease,
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey, reclaim_id
 from versioned_lora.spec.model import EngineAdapterState, RegistryState
@@ -46,6 +52,8 @@ from versioned_lora.spec.model import EngineAdapterState, RegistryState
 STALE_TOKEN = "attempt@stale"
 FORGED_RECLAIM_ID = "reclaim@forged"
 CONFLICTING_DIGEST = "f" * 64
+PUBLISHERS = ("publisher", "rival")  # the lease's holders a domain draws from: the publisher and a second one
+LEASE_TTL_S = 30.0
 
 
 @attrs.frozen
@@ -56,6 +64,10 @@ class EventDomain:
     sessions: tuple[SessionKey, ...]
     faulty: bool = True  # include stale, duplicated and forged variants
     max_incarnation: int = 3  # bounds restarts so the space stays finite
+    # The publisher lease's events (acquire, renew, release, expire, take over by either of PUBLISHERS). Off: no
+    # lease is ever granted, so publication stays unfenced, as in a registry that never took a lease.
+    lease: bool = True
+    max_fence: int = 3  # bounds grants (each mints a fence) so the space stays finite
 
 
 def candidate_events(state: RegistryState, domain: EventDomain) -> tuple[RegistryEvent, ...]:
@@ -82,17 +94,28 @@ def _registry_candidates(s: RegistryState, domain: EventDomain) -> Iterator[Regi
                 yield RecordUnknown(stray, STALE_TOKEN, engine)
                 yield RecordCleaned(stray, STALE_TOKEN, engine)
                 yield ConfirmReclaim(stray, engine, FORGED_RECLAIM_ID)
+    yield from _lease_candidates(s, domain)
+    # The publisher's fence: the live lease's while the publisher holds it, else none (a registry that never
+    # granted a lease takes unfenced calls). Faulty: the rival's, an expired one's, none at all.
+    lease = s.lease
+    fence = lease.fence if lease.holder == PUBLISHERS[0] else NO_FENCE
+    stale_fences = {f for f in (NO_FENCE, lease.fence - 1, lease.fence) if f >= 0 and f != fence}
+    if not domain.faulty:
+        stale_fences = set()
     for key, digest in domain.versions:
-        yield Reserve(key, digest)
+        yield Reserve(key, digest, fence)
         version = s.versions.get(key)
         token = STALE_TOKEN if version is None else version.attempt_token
-        yield Commit(key, token, s.default_revision)
+        yield Commit(key, token, s.default_revision, fence)
         yield Abort(key, token)
         yield ClaimReclaim(key)
+        for other in sorted(stale_fences):
+            yield Reserve(key, digest, other)
+            yield Commit(key, token, s.default_revision, other)
         if domain.faulty:
-            yield Reserve(key, CONFLICTING_DIGEST)
-            yield Commit(key, STALE_TOKEN, s.default_revision)
-            yield Commit(key, token, s.default_revision + 1)
+            yield Reserve(key, CONFLICTING_DIGEST, fence)
+            yield Commit(key, STALE_TOKEN, s.default_revision, fence)
+            yield Commit(key, token, s.default_revision + 1, fence)
             yield Abort(key, STALE_TOKEN)
         for engine in s.config.engines:
             placement = s.placements.get((key, engine))
@@ -116,6 +139,29 @@ def _registry_candidates(s: RegistryState, domain: EventDomain) -> Iterator[Regi
             yield EngineRestarted(engine, s.incarnations[engine] + 1)
         if domain.faulty:
             yield EngineRestarted(engine, s.incarnations[engine])
+
+
+def _lease_candidates(s: RegistryState, domain: EventDomain) -> Iterator[RegistryEvent]:
+    """Each publisher acquires, renews and releases under the live fence; the registry's timer expires it and
+    an operator takes it over. Faulty: calls under the fence before the live one (a publisher that lost it).
+    A grant while `max_fence` fences have been granted is left out (a held lease is still asked for)."""
+    if not domain.lease:
+        return
+    live = s.lease.fence
+    may_grant = live < domain.max_fence
+    for holder in PUBLISHERS:
+        if may_grant or s.lease.holder is not None:
+            yield AcquireLease(holder, LEASE_TTL_S)
+        yield RenewLease(holder, live)
+        yield ReleaseLease(holder, live)
+        if may_grant:
+            yield TakeOverLease(holder, live, LEASE_TTL_S)
+    yield ExpireLease(live)
+    if domain.faulty and live > 0:
+        yield RenewLease(PUBLISHERS[0], live - 1)
+        yield ReleaseLease(PUBLISHERS[0], live - 1)
+        yield ExpireLease(live - 1)
+        yield TakeOverLease(PUBLISHERS[1], live - 1, LEASE_TTL_S)
 
 
 def enabled_events(state: RegistryState, domain: EventDomain, core: Core = CORE) -> tuple[RegistryEvent, ...]:

@@ -56,6 +56,10 @@ def changed_fields(before: RegistryState, after: RegistryState) -> frozenset[str
         out.add("engine.incarnation")
     if before.attempts_issued != after.attempts_issued:
         out.add("counter.attempts")
+    if before.lease != after.lease:
+        for field in ("holder", "fence", "ttl_s"):
+            if getattr(before.lease, field) != getattr(after.lease, field):
+                out.add(f"lease.{field}")
     return frozenset(out)
 
 

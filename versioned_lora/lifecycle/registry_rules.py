@@ -15,6 +15,7 @@ import attrs
 from immutables import Map
 
 from versioned_lora.lifecycle.effects import (
+    ArmLeaseTimer,
     CapacityFreed,
     CleanupOnEngine,
     ReclaimEligible,
@@ -27,6 +28,8 @@ from versioned_lora.lifecycle.results import (
     Bound,
     Closed,
     Committed,
+    LeaseGranted,
+    LeaseStatus,
     ReclaimClaimed,
     ReclaimConfirmed,
     Recorded,
@@ -37,6 +40,7 @@ from versioned_lora.lifecycle.results import (
 )
 from versioned_lora.spec.events import (
     Abort,
+    AcquireLease,
     BeginClose,
     BindFirst,
     ClaimReclaim,
@@ -44,21 +48,28 @@ from versioned_lora.spec.events import (
     Commit,
     ConfirmReclaim,
     EngineRestarted,
+    ExpireLease,
     OpenSession,
     RecordCleaned,
     RecordPrepared,
     RecordReady,
     RecordUnknown,
+    ReleaseLease,
+    RenewLease,
     Reserve,
+    TakeOverLease,
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey, attempt_token, lora_name, reclaim_id
 from versioned_lora.spec.model import (
     CommitReceipt,
     Placement,
+    PublisherLease,
     RegistryConfig,
     RegistryState,
     SessionRecord,
     Version,
+    holds_lease,
+    lease_required,
     occupied_slots,
     pending_versions,
     session_refs,
@@ -66,6 +77,7 @@ from versioned_lora.spec.model import (
 )
 from versioned_lora.spec.states import (
     EngineState,
+    LeaseState,
     Machine,
     PlacementState,
     ReclaimState,
@@ -119,6 +131,7 @@ class RegistryDraft:
     incarnations: Map[str, int]
     attempts_issued: int
     id_salt: str
+    lease: PublisherLease
 
     def freeze(self) -> RegistryState:
         self.__class__ = RegistryState  # type: ignore[assignment]  # the draft is used once, then is the state
@@ -137,6 +150,7 @@ def draft_of(s: RegistryState) -> RegistryDraft:
 
 
 VersionEvent = Reserve | Commit | Abort | ClaimReclaim
+LeaseEvent = AcquireLease | RenewLease | ReleaseLease | ExpireLease | TakeOverLease
 PlacementEvent = RecordPrepared | RecordReady | RecordUnknown | RecordCleaned
 SessionEvent = OpenSession | BindFirst | BeginClose | CloseAndRelease
 
@@ -180,6 +194,10 @@ def locate_engine(s: RegistryState, e: EngineRestarted) -> str:
     return EngineState.UP if e.engine in s.incarnations else EngineState.FOREIGN
 
 
+def locate_lease(s: RegistryState, e: LeaseEvent) -> str:
+    return LeaseState.FREE if s.lease.holder is None else LeaseState.HELD
+
+
 LOCATORS: dict[type, Callable[[RegistryState, Any], str]] = {
     Reserve: locate_version,
     Commit: locate_version,
@@ -195,6 +213,11 @@ LOCATORS: dict[type, Callable[[RegistryState, Any], str]] = {
     CloseAndRelease: locate_session,
     ConfirmReclaim: locate_reclaim,
     EngineRestarted: locate_engine,
+    AcquireLease: locate_lease,
+    RenewLease: locate_lease,
+    ReleaseLease: locate_lease,
+    ExpireLease: locate_lease,
+    TakeOverLease: locate_lease,
 }
 
 # ================================================================ guards
@@ -272,6 +295,22 @@ def others_confirmed(s: RegistryState, e: ConfirmReclaim) -> bool:
     return s.versions[e.version].reclaim_confirmed | {e.engine} >= frozenset(s.config.engines)
 
 
+def lease_not_held(s: RegistryState, e: Reserve | Commit) -> bool:
+    return lease_required(s) and not holds_lease(s, e.fence)
+
+
+def same_holder(s: RegistryState, e: AcquireLease) -> bool:
+    return s.lease.holder == e.holder
+
+
+def lease_matches(s: RegistryState, e: RenewLease | ReleaseLease) -> bool:
+    return s.lease.holder == e.holder and s.lease.fence == e.fence
+
+
+def fence_is_live(s: RegistryState, e: ExpireLease | TakeOverLease) -> bool:
+    return s.lease.fence == e.fence
+
+
 def incarnation_not_newer(s: RegistryState, e: EngineRestarted) -> bool:
     return e.incarnation <= s.incarnations[e.engine]
 
@@ -296,6 +335,10 @@ GUARDS: dict[str, Callable[[RegistryState, Any], bool]] = {
         reclaim_id_mismatch,
         others_confirmed,
         incarnation_not_newer,
+        lease_not_held,
+        same_holder,
+        lease_matches,
+        fence_is_live,
     )
 }
 
@@ -397,6 +440,10 @@ def replace_placements_on_engine(d: RegistryDraft, e: EngineRestarted) -> None:
     d.placements = placements
 
 
+def grant_lease(d: RegistryDraft, e: AcquireLease | TakeOverLease) -> None:
+    d.lease = PublisherLease(e.holder, d.lease.fence + 1, e.ttl_s)
+
+
 UPDATES: dict[str, Callable[[RegistryDraft, Any], None]] = {
     f.__name__: f
     for f in (
@@ -413,6 +460,7 @@ UPDATES: dict[str, Callable[[RegistryDraft, Any], None]] = {
         release_session_ref,
         adopt_incarnation,
         replace_placements_on_engine,
+        grant_lease,
     )
 }
 
@@ -483,11 +531,19 @@ def write_reclaim(d: RegistryDraft, e: ConfirmReclaim, target: ReclaimState) -> 
     _set_version(d, attrs.evolve(version, reclaim_confirmed=version.reclaim_confirmed | {e.engine}))
 
 
+def write_lease(d: RegistryDraft, e: LeaseEvent, target: LeaseState) -> None:
+    """The lease's state is whether it has a holder: FREE drops the holder (the last fence stays, so the next
+    grant's is above it); HELD was written by the row's grant."""
+    if target is LeaseState.FREE:
+        d.lease = attrs.evolve(d.lease, holder=None)
+
+
 WRITERS: dict[Machine, Callable[[RegistryDraft, Any, Any], None]] = {
     Machine.VERSION: write_version,
     Machine.ATTEMPT: write_placement,
     Machine.SESSION: write_session,
     Machine.RECLAIM: write_reclaim,
+    Machine.LEASE: write_lease,
 }
 
 # ================================================================ effects
@@ -573,6 +629,10 @@ def recover_engine(b: RegistryState, a: RegistryState, e: EngineRestarted) -> tu
     return tuple(effects)
 
 
+def arm_lease_timer(b: RegistryState, a: RegistryState, e: LeaseEvent) -> tuple[RegistryEffect, ...]:
+    return (ArmLeaseTimer(a.lease.fence, a.lease.ttl_s),)
+
+
 EFFECTS: dict[str, Callable[[RegistryState, RegistryState, Any], tuple[RegistryEffect, ...]]] = {
     f.__name__: f
     for f in (
@@ -585,6 +645,7 @@ EFFECTS: dict[str, Callable[[RegistryState, RegistryState, Any], tuple[RegistryE
         reclaimable_after_release,
         capacity_freed,
         recover_engine,
+        arm_lease_timer,
     )
 }
 
@@ -647,6 +708,18 @@ def restarted(b: RegistryState, a: RegistryState, e: EngineRestarted, row: str) 
     return Restarted(e.engine, a.incarnations[e.engine])
 
 
+def lease_granted(b: RegistryState, a: RegistryState, e: LeaseEvent, row: str) -> RegistryResult:
+    lease = a.lease
+    # A granting row leaves the lease HELD; were it not so, the answer names no holder, which the step properties
+    # report (free_lease_is_granted, lease_timer_armed_on_grant) rather than an assert that no property names.
+    return LeaseGranted(lease.holder or "", lease.fence, lease.ttl_s)
+
+
+def lease_status(b: RegistryState, a: RegistryState, e: LeaseEvent, row: str) -> RegistryResult:
+    lease = a.lease
+    return LeaseStatus(LeaseState.FREE if lease.holder is None else LeaseState.HELD, lease.holder, lease.fence)
+
+
 RESULTS: dict[str, Callable[[RegistryState, RegistryState, Any, str], RegistryResult]] = {
     f.__name__: f
     for f in (
@@ -661,5 +734,7 @@ RESULTS: dict[str, Callable[[RegistryState, RegistryState, Any, str], RegistryRe
         bound_to_default,
         closed,
         restarted,
+        lease_granted,
+        lease_status,
     )
 }

@@ -7,7 +7,7 @@ import attrs
 from versioned_lora.spec.identities import SessionKey, VersionKey
 from versioned_lora.spec.model import CommitReceipt
 from versioned_lora.spec.reasons import Reason
-from versioned_lora.spec.states import AdapterState, PlacementState, SessionState, VersionState
+from versioned_lora.spec.states import AdapterState, LeaseState, PlacementState, SessionState, VersionState
 
 
 @attrs.frozen
@@ -86,6 +86,23 @@ class Restarted:
 
 
 @attrs.frozen
+class LeaseGranted:
+    """The caller holds the publisher lease under `fence` (its Reserve and Commit carry it) for `ttl_s`
+    from now unless it renews."""
+
+    holder: str
+    fence: int
+    ttl_s: float
+
+
+@attrs.frozen
+class LeaseStatus:
+    state: LeaseState
+    holder: str | None
+    fence: int  # the last fence granted (0: none yet)
+
+
+@attrs.frozen
 class AdapterStatus:
     lora_name: str
     state: AdapterState
@@ -125,5 +142,7 @@ RegistryResult = (
     | Bound
     | Closed
     | Restarted
+    | LeaseGranted
+    | LeaseStatus
 )
 EngineResult = Rejected | AdapterStatus | ReadyLocal | ProcessStatus

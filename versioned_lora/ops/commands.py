@@ -11,6 +11,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
+import socket
 import sys
 import time
 from collections.abc import Callable
@@ -174,16 +176,30 @@ def _ports(clients: dict[str, SGLangClient]) -> dict[str, Any]:
     return {name: EngineStaging(name, client, PROBE_PROMPT) for name, client in clients.items()}
 
 
-def _publisher(registry: RayRegistry, ports: dict[str, Any], model: str | None,
+def default_holder() -> str:
+    """This command's name as a holder of the publisher lease: not a trainer's (`Publisher`'s default), so a
+    publication from the command line beside a running trainer is refused while the trainer holds the lease."""
+    return f"cli@{socket.gethostname()}:{os.getpid()}"
+
+
+def _publisher(registry: RayRegistry, ports: dict[str, Any], args: argparse.Namespace,
                on_phase: Callable[[str, str, float], None] | None = None) -> Any:
     """The Publisher over this deployment (its probe check runs the reference forward of the base model)."""
     from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
     from versioned_lora.fixtures import build_fixtures
     from versioned_lora.runtime.publisher import Publisher
 
-    model_dir = Path(model) if model else build_fixtures().model_dir
+    model_dir = Path(args.model) if args.model else build_fixtures().model_dir
     probe_check = ReferenceProbeCheck(ReferenceModel(model_dir), PROBE_PROMPT)
-    return Publisher(registry, ports, probe_check, on_phase=on_phase)
+    return Publisher(registry, ports, probe_check, on_phase=on_phase, holder=args.holder or default_holder(),
+                     lease_ttl_s=args.lease_ttl)
+
+
+async def _take_over_first(publisher: Any, args: argparse.Namespace, console: Console) -> None:
+    """`--take-over`: end whatever lease is live now and take it (lease.take_over), before anything else."""
+    if args.take_over:
+        granted = await publisher.acquire_lease(take_over=True)
+        console.print(f"publisher lease taken over: {granted!r}")
 
 
 def _reclaimer(registry: RayRegistry, ports: dict[str, Any]) -> Any:
@@ -235,10 +251,13 @@ def publish(args: argparse.Namespace) -> int:
         try:
             with _progress(console) as progress:
                 display = PhaseDisplay(progress, args.version_id, candidate.bucket_count)
-                publisher = _publisher(registry, ports, args.model, on_phase=display)
+                publisher = _publisher(registry, ports, args, on_phase=display)
                 publisher.probe_check.reference(candidate)
+                await _take_over_first(publisher, args, console)
                 await publisher.sync_incarnations()
                 outcome = await publisher.publish(version, candidate)
+                if not publisher.commit_unresolved:  # an unresolved commit keeps it: `resolve` finishes under it
+                    await publisher.release_lease()
         finally:
             await _close(ports, clients)
         code = publish_exit(str(outcome.status), outcome.reason)
@@ -316,9 +335,10 @@ def resolve(args: argparse.Namespace) -> int:
         registry = connect_registry(args)
         clients = await engine_clients(registry, args)
         ports = _ports(clients)
-        publisher, reclaimer = _publisher(registry, ports, args.model), _reclaimer(registry, ports)
+        publisher, reclaimer = _publisher(registry, ports, args), _reclaimer(registry, ports)
         lines: list[dict[str, Any]] = []
         try:
+            await _take_over_first(publisher, args, console)
             with console.status("syncing engine incarnations"):
                 await publisher.sync_incarnations()
             with console.status("recovering pending publication attempts"):
@@ -332,6 +352,8 @@ def resolve(args: argparse.Namespace) -> int:
                         reclaimed = await reclaimer.reclaim(key)
                     lines.append({"version_id": key.version_id, "action": "reclaim",
                                   "status": str(reclaimed.status), "reason": reclaimed.reason})
+            if not publisher.commit_unresolved:
+                await publisher.release_lease()
         finally:
             await _close(ports, clients)
         for line in lines:
@@ -379,6 +401,14 @@ def diagram(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- argparse
 
 
+def add_lease_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--holder", help="this publisher's name for the publisher lease (default: cli@HOST:PID; a "
+                   "trainer's Publisher is 'publisher')")
+    p.add_argument("--take-over", action="store_true", help="end the live publisher lease at once and take it "
+                   "(its holder is known to be gone); without it, a lease held by another is refused (exit 4)")
+    p.add_argument("--lease-ttl", type=float, default=60.0, help="seconds the lease lasts without a renewal")
+
+
 def add_commands(sub: Any) -> None:
     from versioned_lora.spec.states import Machine
 
@@ -395,6 +425,7 @@ def add_commands(sub: Any) -> None:
     add_connection_arguments(p, token=True)
     p.add_argument("--model", help="base model directory for the probe's reference forward (default: tiny fixture)")
     p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
+    add_lease_arguments(p)
     p.set_defaults(func=publish)
 
     p = sub.add_parser("reclaim", help="claim and reclaim what is eligible (or one version)")
@@ -406,6 +437,7 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("resolve", help="settle unknown outcomes: recover pending attempts, finish reclaims")
     add_connection_arguments(p, token=True)
     p.add_argument("--model", help="base model directory for the probe's reference forward (default: tiny fixture)")
+    add_lease_arguments(p)
     p.set_defaults(func=resolve)
 
     p = sub.add_parser("diagram", help="print the Mermaid state diagram of the transition table")

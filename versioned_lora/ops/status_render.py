@@ -25,9 +25,14 @@ def versions_table(rows: Mapping[str, Any]) -> Table:
     registry = rows["registry"]
     default = registry["default"]
     capacity = registry["capacity"]
+    lease = registry["lease"]
+    held = (f"{lease['holder']} (fence {lease['fence']}"
+            + (f", {lease['expires_in_s']:.0f} s left)" if lease["expires_in_s"] is not None else ")")
+            if lease["holder"] else "free")
     title = (f"registry  epoch {registry['epoch']}  default "
              f"{default['version_id'] if default else '-'} (revision {registry['default_revision']})  "
-             f"capacity {capacity['used']}/{capacity['total']}  open sessions {registry['open_sessions']}")
+             f"capacity {capacity['used']}/{capacity['total']}  open sessions {registry['open_sessions']}  "
+             f"publisher lease {held}")
     table = Table(title=title, title_justify="left")
     for column in ("version", "state", "digest", "refs", "attempt", *registry["engines"]):
         table.add_column(column)

@@ -158,6 +158,10 @@ def status_rows(view: PublicationView, ops: OperationsView, readings: Sequence[E
             "open_sessions": ops.open_sessions,
             "engines": list(view.engines),
             "incarnations": dict(sorted(view.incarnations.items())),
+            # Who may publish now: a publication by anyone else is refused (LEASE_HELD) until the holder
+            # releases it or stops renewing it for its ttl, or an operator takes it over (`publish --take-over`).
+            "lease": {"holder": view.lease_holder, "fence": view.lease_fence,
+                      "expires_in_s": None if ops.lease_expires_in_s is None else round(ops.lease_expires_in_s, 1)},
         },
         "versions": versions,
         "reclaims": reclaims,

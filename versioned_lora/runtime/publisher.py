@@ -18,6 +18,14 @@ landed (DESIGN.md §1, RFC §3.4):
 
 Cleanups and reclaims are only ever the effects of the registry's own answer (an abort row, a claim
 row), never derived from a read of the registry's view.
+
+One publisher at a time (RFC §3): every publication runs under the registry's publisher lease. `publish`
+acquires it (the holder asking again renews it) before it reserves, renews it while the publication runs,
+and its Reserve and Commit carry the lease's fence; a publisher refused the lease is refused before reserve
+(REJECTED, LEASE_HELD), and one whose lease expired or was taken over meanwhile has its Reserve or Commit
+refused by the registry (NOT_LEASE_HOLDER; an attempt whose commit is refused so is aborted and cleaned).
+The lease is not released after a publication (the next one reuses it); it expires `lease_ttl_s` after the
+last renewal, or `release_lease` ends it at once.
 """
 
 from __future__ import annotations
@@ -34,11 +42,16 @@ from typing import Any, TypeVar
 import attrs
 
 from versioned_lora.lifecycle import (
+    AcquireLease,
     EngineRestarted,
+    LeaseGranted,
     RecordPrepared,
     RecordReady,
     Rejected,
+    ReleaseLease,
+    RenewLease,
     Reserve,
+    TakeOverLease,
     VersionKey,
     drivers,
 )
@@ -56,10 +69,17 @@ from versioned_lora.runtime.interfaces import (
 )
 from versioned_lora.spec.drivers import DriverOutcome
 from versioned_lora.spec.identities import lora_name
+from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import PlacementState, VersionState
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
+
+# The publisher lease's holder name when the caller names none: one logical publisher per deployment, so a
+# restarted trainer's publisher takes its own lease back at once (lease.acquire_replay). A second publisher
+# (the CLI, another job) names itself otherwise and is refused while this one holds the lease.
+DEFAULT_HOLDER = "publisher"
+DEFAULT_LEASE_TTL_S = 60.0
 
 
 # ---------------------------------------------------------------- outcomes
@@ -86,6 +106,7 @@ class UnknownReason(StrEnum):
     """Why an outcome is UNKNOWN: which call may have landed without its answer reaching the publisher."""
 
     RESERVE_OUTCOME_UNKNOWN = "RESERVE_OUTCOME_UNKNOWN"  # publish the same content again: the same reserve
+    LEASE_OUTCOME_UNKNOWN = "LEASE_OUTCOME_UNKNOWN"  # the lease's acquire got no answer: nothing was reserved
     COMMIT_OUTCOME_UNKNOWN = "COMMIT_OUTCOME_UNKNOWN"  # being retried in the background: see Publisher.resolve
 
 
@@ -128,8 +149,13 @@ class Publisher:
         probe_check: ProbeCheck,
         deadlines: Deadlines | None = None,
         on_phase: Callable[[str, str, float], None] | None = None,
+        *,
+        holder: str = DEFAULT_HOLDER,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     ) -> None:
         self.registry = registry
+        self.holder, self.lease_ttl_s = holder, lease_ttl_s
+        self.fence: int | None = None  # the publisher lease's fence this publisher was granted last (None: none)
         self.engines = dict(engines)
         self.probe_check = probe_check
         self.deadlines = deadlines or Deadlines()
@@ -172,6 +198,17 @@ class Publisher:
                                   detail=f"{candidate.lora_name!r} != {lora_name(version, candidate.digest)!r}")
         phases: dict[str, float] = {}
         self._last_progress = time.monotonic()
+        lease = await self._lease(version, phases)
+        if isinstance(lease, PublishOutcome):
+            return lease
+        renewing = asyncio.ensure_future(self._keep_lease(lease))
+        try:
+            return await self._publish(version, candidate, lease, phases)
+        finally:
+            renewing.cancel()
+
+    async def _publish(self, version: VersionKey, candidate: CandidatePort, fence: int,
+                       phases: dict[str, float]) -> PublishOutcome:
         # A fresh key per publish call (a version cleaned after a failure may be reserved again: that is a new
         # call, answered with a new attempt), except after a reserve whose reply was lost: publishing the same
         # version and content again retries that very call, whose journaled answer names what to stage.
@@ -181,7 +218,7 @@ class Publisher:
         )
         try:
             answer = await self._timed(phases, "reserve", submit_until_known(
-                self.registry, Reserve(version, candidate.digest), key, self.deadlines.reserve
+                self.registry, Reserve(version, candidate.digest, fence), key, self.deadlines.reserve
             ))
         except (PhaseDeadlineMissed, RegistryUnavailable) as exc:
             # The reserve may have taken a slot: publishing the same version again retries it under this key.
@@ -189,6 +226,8 @@ class Publisher:
             return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.RESERVE_OUTCOME_UNKNOWN,
                                   lora_name=candidate.lora_name, phases=phases, detail=str(exc))
         if isinstance(answer.result, Rejected):
+            if answer.result.reason is Reason.NOT_LEASE_HOLDER:
+                self.fence = None  # expired or taken over since it was granted: the next publish acquires again
             return PublishOutcome(PublishStatus.REJECTED, version, reason=str(answer.result.reason), phases=phases)
         token = answer.result.attempt_token
         if answer.result.state is not VersionState.LOADING:  # an idempotent replay of a finished publication
@@ -206,7 +245,63 @@ class Publisher:
             status = await self.abort_and_clean(version, token, phases)
             return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=candidate.lora_name,
                                   attempt_token=token, phases=phases, detail=str(exc))
-        return await self._commit_and_resolve(version, candidate.lora_name, token, phases)
+        return await self._commit_and_resolve(version, candidate.lora_name, token, phases, fence)
+
+    # ---- the publisher lease
+    async def acquire_lease(self, *, take_over: bool = False) -> LeaseGranted | Rejected:
+        """Take the publisher lease, or keep it (the holder asking again renews it: lease.acquire_replay).
+        `take_over`: end the live lease at once, whoever holds it (lease.take_over), for an operator who knows
+        its holder is gone; the fence taken over is the one the registry's view shows now, so a lease that moved
+        on meanwhile is not ended (lease.take_over_moved). May raise PhaseDeadlineMissed/RegistryUnavailable."""
+        if take_over:
+            live = (await self.registry.publication_view()).lease_fence
+            event: Any = TakeOverLease(self.holder, live, self.lease_ttl_s)
+        else:
+            event = AcquireLease(self.holder, self.lease_ttl_s)
+        # A fresh key each time: an acquire that is retried (a lost reply) is answered by the holder's replay row.
+        answer = await submit_until_known(self.registry, event, f"lease:{self.holder}:{uuid.uuid4().hex}",
+                                          self.deadlines.reserve)
+        result = answer.result
+        if isinstance(result, LeaseGranted):
+            self.fence = result.fence
+            return result
+        assert isinstance(result, Rejected)
+        return result
+
+    async def release_lease(self) -> None:
+        """End this publisher's lease now (another publisher may acquire it at once). Nothing if it holds none."""
+        if self.fence is not None:
+            fence, self.fence = self.fence, None
+            await self.registry.submit(ReleaseLease(self.holder, fence))
+
+    async def _lease(self, version: VersionKey, phases: dict[str, float]) -> int | PublishOutcome:
+        """The fence this publication runs under, or the outcome that ends it before any reserve."""
+        try:
+            result = await self.acquire_lease()  # bounded by the reserve deadline (submit_until_known)
+        except (PhaseDeadlineMissed, RegistryUnavailable) as exc:
+            return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.LEASE_OUTCOME_UNKNOWN,
+                                  phases=phases, detail=str(exc))
+        if isinstance(result, Rejected):
+            return PublishOutcome(PublishStatus.REJECTED, version, reason=str(result.reason), phases=phases,
+                                  detail=f"the publisher lease is held by another publisher ({result.row})")
+        return result.fence
+
+    async def _keep_lease(self, fence: int) -> None:
+        """Renew the lease every third of its ttl while a publication runs. A renewal the registry refuses (the
+        lease expired or was taken over) ends this: the publication's next Reserve or Commit is refused by the
+        registry itself (NOT_LEASE_HOLDER), which is what stops it; an unreachable registry is asked again."""
+        while True:
+            await asyncio.sleep(self.lease_ttl_s / 3)
+            try:
+                answer = await self.registry.submit(RenewLease(self.holder, fence))
+            except RegistryUnavailable as exc:
+                logger.warning("renewing the publisher lease (fence %d): %s", fence, exc)
+                continue
+            if isinstance(answer.result, Rejected):
+                logger.warning("publisher lease (fence %d) lost: %s", fence, answer.result.row)
+                if self.fence == fence:
+                    self.fence = None
+                return
 
     async def rehydrate(self, version: VersionKey, candidate: CandidatePort, engine: str) -> None:
         """Stage a version on one restarted engine under the attempt the registry issued for it;
@@ -256,7 +351,7 @@ class Publisher:
         await self._timed(phases, "end", settle_all([end(engine) for engine in targets]))
 
     async def _commit_and_resolve(
-        self, version: VersionKey, lora_name: str | None, token: str, phases: dict[str, float]
+        self, version: VersionKey, lora_name: str | None, token: str, phases: dict[str, float], fence: int
     ) -> PublishOutcome:
         """Commit under a key derived from the attempt and the revision it expects, through the settle driver
         (spec/drivers.py): a commit whose deadline fires (or whose caller is cancelled) is reported UNKNOWN
@@ -268,7 +363,7 @@ class Publisher:
             return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=lora_name,
                                   attempt_token=token, phases=phases, detail=str(exc))
         started = time.monotonic()
-        loop = self._settle(drivers.settle(version, token, view.default_revision, commit=True))
+        loop = self._settle(drivers.settle(version, token, view.default_revision, commit=True, fence=fence))
 
         async def final() -> PublishOutcome:
             report = await loop.finished()
@@ -338,11 +433,23 @@ class Publisher:
             assert resolved is not None
             outcomes.append(resolved)
         view = await self.registry.publication_view()
-        for key, version in view.versions.items():
+        pending = [(k, v) for k, v in view.versions.items() if v.state in (VersionState.LOADING, VersionState.ABORTED)]
+        if not pending:
+            return outcomes
+        # Only the lease's holder finishes what a crashed publisher left: another publisher's attempt in flight
+        # looks the same from here, and aborting it would end a publication that is going well.
+        lease = await self.acquire_lease()
+        if isinstance(lease, Rejected):
+            return [*outcomes, *(PublishOutcome(PublishStatus.REJECTED, key, reason=str(lease.reason),
+                                                lora_name=version.lora_name, attempt_token=version.attempt_token,
+                                                detail="left as it is: another publisher holds the lease")
+                                 for key, version in pending)]
+        for key, version in pending:
             if version.state is VersionState.LOADING:
                 ready = all(p.state is PlacementState.READY for p in version.placements.values())
                 if ready:
-                    outcomes.append(await self._commit_and_resolve(key, version.lora_name, version.attempt_token, {}))
+                    outcomes.append(await self._commit_and_resolve(key, version.lora_name, version.attempt_token, {},
+                                                                   lease.fence))
                     if outcomes[-1].status is PublishStatus.UNKNOWN:
                         break  # no further publication step before this commit's outcome is known
                     continue

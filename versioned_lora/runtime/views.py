@@ -39,6 +39,8 @@ class PublicationView:
     engines: tuple[str, ...]
     incarnations: dict[str, int]
     versions: dict[VersionKey, VersionView]
+    lease_holder: str | None = None  # the publisher lease's holder (None: free)
+    lease_fence: int = 0  # its live fence when held, the last one granted when free (0: never granted)
 
     def version(self, key: VersionKey) -> VersionView | None:
         return self.versions.get(key)
@@ -61,7 +63,8 @@ def publication_view(state: RegistryState) -> PublicationView:
             session_refs(state, key), version.reclaim_id, placements,
         )
     return PublicationView(
-        state.default, state.default_revision, tuple(state.config.engines), dict(state.incarnations), versions
+        state.default, state.default_revision, tuple(state.config.engines), dict(state.incarnations), versions,
+        state.lease.holder, state.lease.fence,
     )
 
 

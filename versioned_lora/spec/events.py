@@ -9,7 +9,12 @@ from __future__ import annotations
 import attrs
 
 from versioned_lora.spec.identities import SessionKey, VersionKey
+from versioned_lora.spec.model import ENCODED_WHEN_SET
 from versioned_lora.spec.states import Machine
+
+# A fence of 0 is "no lease": what every Reserve and Commit carried before leases existed (journals of that
+# time replay unchanged: the field is encoded only when set).
+NO_FENCE = 0
 
 # ---- registry: publication ----
 
@@ -20,6 +25,7 @@ class Reserve:
 
     version: VersionKey
     digest: str
+    fence: int = attrs.field(default=NO_FENCE, metadata={ENCODED_WHEN_SET: True})  # the publisher lease's
 
 
 @attrs.frozen
@@ -56,6 +62,7 @@ class Commit:
     version: VersionKey
     attempt_token: str
     expected_default_revision: int
+    fence: int = attrs.field(default=NO_FENCE, metadata={ENCODED_WHEN_SET: True})  # the publisher lease's
 
 
 @attrs.frozen
@@ -118,6 +125,49 @@ class CloseAndRelease:
 class EngineRestarted:
     engine: str
     incarnation: int
+
+
+# ---- registry: the publisher lease ----
+# One publisher at a time (RFC §3: one publisher per deployment). A publisher acquires the lease, renews it
+# while it works, and releases it; the registry's own timer expires a lease its holder stopped renewing; an
+# operator who knows the holder is gone takes it over at once. Each grant mints a new fence (a fencing epoch):
+# Reserve and Commit carry it, and one that is not the live lease's is refused, so a publisher that lost its
+# lease (partitioned, paused, replaced) cannot publish on the strength of an old one.
+
+
+@attrs.frozen
+class AcquireLease:
+    holder: str  # who asks (a publisher's name: "trainer", "cli@host:pid"); the same holder again is a replay
+    ttl_s: float  # how long the lease lasts without a renewal (the registry's timer, not the caller's clock)
+
+
+@attrs.frozen
+class RenewLease:
+    holder: str
+    fence: int
+
+
+@attrs.frozen
+class ReleaseLease:
+    holder: str
+    fence: int
+
+
+@attrs.frozen
+class ExpireLease:
+    """The registry's timer for `fence` fired: its holder did not renew within the lease's ttl."""
+
+    fence: int
+
+
+@attrs.frozen
+class TakeOverLease:
+    """Crash recovery: end the lease under `fence` now (its holder is known to be gone) and grant it to
+    `holder`. Naming the fence makes it deliberate: a take-over of a lease that moved on is refused."""
+
+    holder: str
+    fence: int
+    ttl_s: float
 
 
 # ---- engine side (managed adapter x engine) ----
@@ -200,6 +250,11 @@ RegistryEvent = (
     | BeginClose
     | CloseAndRelease
     | EngineRestarted
+    | AcquireLease
+    | RenewLease
+    | ReleaseLease
+    | ExpireLease
+    | TakeOverLease
 )
 EngineEvent = (
     BeginStaging
@@ -229,6 +284,11 @@ EVENT_MACHINE: dict[type, Machine] = {
     CloseAndRelease: Machine.SESSION,
     ConfirmReclaim: Machine.RECLAIM,
     EngineRestarted: Machine.ENGINE,
+    AcquireLease: Machine.LEASE,
+    RenewLease: Machine.LEASE,
+    ReleaseLease: Machine.LEASE,
+    ExpireLease: Machine.LEASE,
+    TakeOverLease: Machine.LEASE,
     BeginStaging: Machine.ADAPTER,
     ReceiveBucket: Machine.ADAPTER,
     EndStaging: Machine.ADAPTER,

@@ -164,6 +164,10 @@ def _tombstones_never_at_the_mark(s: RegistryState) -> bool:
     )
 
 
+def _lease_held_under_a_granted_fence(s: RegistryState) -> bool:
+    return s.lease.holder is None or s.lease.fence >= 1
+
+
 INVARIANTS: tuple[Invariant, ...] = (
     Invariant("capacity_never_exceeded", "Versions holding a slot never exceed the capacity.",
               _capacity_never_exceeded),
@@ -193,6 +197,8 @@ INVARIANTS: tuple[Invariant, ...] = (
               _sessions_above_low_water),
     Invariant("tombstones_never_at_the_mark", "Compaction never leaves a closed seq at the mark.",
               _tombstones_never_at_the_mark),
+    Invariant("lease_held_under_a_granted_fence", "A held publisher lease has a fence (1 and up).",
+              _lease_held_under_a_granted_fence),
 )  # fmt: skip
 
 # ---------------------------------------------------------------- registry: step invariants
@@ -275,6 +281,12 @@ def _capacity_freed_only_when_clean(b: RegistryState, a: RegistryState) -> bool:
     return True
 
 
+def _lease_fences_only_grow(b: RegistryState, a: RegistryState) -> bool:
+    # A fence, once granted, is never granted again: whatever it fenced stays refused.
+    return a.lease.fence >= b.lease.fence and (a.lease.holder is None or a.lease.fence > b.lease.fence
+                                               or a.lease == b.lease)
+
+
 STEP_INVARIANTS: tuple[StepInvariant, ...] = (
     StepInvariant("version_states_follow_lifecycle", "Version states only move along DESIGN.md §3's arrows.",
                   _version_states_follow_lifecycle),
@@ -290,6 +302,8 @@ STEP_INVARIANTS: tuple[StepInvariant, ...] = (
                   _commit_only_when_ready_everywhere),
     StepInvariant("capacity_freed_only_when_clean", "ABORTED -> FAILED_CLEAN only when every engine is clean.",
                   _capacity_freed_only_when_clean),
+    StepInvariant("lease_fences_only_grow", "A new holder gets a new fence; fences never go back.",
+                  _lease_fences_only_grow),
 )  # fmt: skip
 
 # ---------------------------------------------------------------- engine side

@@ -31,11 +31,20 @@ DISPATCHABLE_STATES = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 REF_HOLDING_SESSION_STATES = frozenset({SessionState.BOUND, SessionState.FINALIZING})
 
 
+# Metadata of a field added to a journaled type after journals were written: the journal's encoding leaves it out
+# while it holds its default (adapters/journal.py), so what older code wrote reads, and digests, the same.
+ENCODED_WHEN_SET = "encoded_when_set"
+
+
 @attrs.frozen
 class RegistryConfig:
     epoch: int
     engines: tuple[str, ...]
     capacity: int
+    # Every Reserve and Commit must carry the live publisher lease's fence. Off only in registries whose
+    # journal was begun before leases existed (they replay as they ran) and in pure tests that leave it off;
+    # once any lease has been granted, fences are required whatever this says (`lease_required`).
+    publisher_lease: bool = attrs.field(default=False, metadata={ENCODED_WHEN_SET: True})
 
 
 @attrs.frozen
@@ -74,9 +83,18 @@ class SessionRecord:
     version: VersionKey | None  # the binding; fixed once set, dropped from the tombstone
 
 
-# Metadata of a field added to a journaled type after journals were written: the journal's encoding leaves it out
-# while it holds its default (adapters/journal.py), so what older code wrote reads, and digests, the same.
-ENCODED_WHEN_SET = "encoded_when_set"
+@attrs.frozen
+class PublisherLease:
+    """The publisher lease (events.AcquireLease and the rows after it). `fence` is the last fence granted (0:
+    never granted); `holder` is None while the lease is FREE. `ttl_s` is the grant's time to live, which the
+    registry's timer uses: the state holds no clock."""
+
+    holder: str | None = None
+    fence: int = 0
+    ttl_s: float = 0.0
+
+
+NO_LEASE = PublisherLease()
 
 
 @attrs.frozen(slots=False)  # not slotted: lifecycle's RegistryDraft becomes the next state by retyping
@@ -96,6 +114,8 @@ class RegistryState:
     # checker and the pure tests leave it empty. Added after journals were first written: encoded only when set
     # (`ENCODED_WHEN_SET`), so a state without a salt encodes, and digests, as it did before the field existed.
     id_salt: str = attrs.field(default="", metadata={ENCODED_WHEN_SET: True})
+    # The publisher lease. Added after id_salt, encoded only when set, like it.
+    lease: PublisherLease = attrs.field(default=NO_LEASE, metadata={ENCODED_WHEN_SET: True})
 
 
 @attrs.frozen
@@ -127,6 +147,16 @@ def session_refs(state: RegistryState, version: VersionKey) -> int:
 
 def occupied_slots(state: RegistryState) -> int:
     return sum(1 for v in state.versions.values() if v.state in OCCUPYING_STATES)
+
+
+def lease_required(state: RegistryState) -> bool:
+    """Whether Reserve and Commit must carry the live lease's fence: by configuration, or because a lease has
+    been granted in this registry (a registry cannot go back to unfenced publication)."""
+    return state.config.publisher_lease or state.lease.fence > 0
+
+
+def holds_lease(state: RegistryState, fence: int) -> bool:
+    return state.lease.holder is not None and fence == state.lease.fence
 
 
 def pending_versions(state: RegistryState) -> tuple[Version, ...]:

@@ -18,6 +18,8 @@ class Reason(StrEnum):
     UNKNOWN_VERSION = "UNKNOWN_VERSION"  # no such version in this epoch
     REVISION_MISMATCH = "REVISION_MISMATCH"  # commit's expected_default_revision is not the current one
     NOT_READY = "NOT_READY"  # commit before every target engine is READY in its current incarnation
+    LEASE_HELD = "LEASE_HELD"  # another publisher holds the publisher lease (acquire, or take over a fence not live)
+    NOT_LEASE_HOLDER = "NOT_LEASE_HOLDER"  # reserve, commit or renew without the live lease's fence (lost, expired)
     VERSION_UNAVAILABLE = "VERSION_UNAVAILABLE"  # engine side: the exact name is not servable here
     INCOMPLETE_TRANSFER = "INCOMPLETE_TRANSFER"  # engine side: end before every bucket arrived
     MANIFEST_MISMATCH = "MANIFEST_MISMATCH"  # engine side: the received weights do not match the manifest

@@ -20,12 +20,14 @@ class Machine(StrEnum):
     RECLAIM = "reclaim"  # reclaim x engine: one engine's unload receipt for a reclaiming version
     DEFAULT = "default"  # the default pointer (moved only by commit)
     ENGINE = "engine"  # the registry's view of an engine process (its current incarnation)
+    LEASE = "lease"  # the publisher lease: which one publisher may reserve and commit (its fencing epoch)
     ADAPTER = "adapter"  # managed adapter x engine, the engine side (driven inside the SGLang patch)
     PROCESS = "process"  # the engine process itself, the engine side
 
 
 REGISTRY_MACHINES = frozenset(
-    {Machine.VERSION, Machine.ATTEMPT, Machine.SESSION, Machine.RECLAIM, Machine.DEFAULT, Machine.ENGINE}
+    {Machine.VERSION, Machine.ATTEMPT, Machine.SESSION, Machine.RECLAIM, Machine.DEFAULT, Machine.ENGINE,
+     Machine.LEASE}
 )
 ENGINE_SIDE_MACHINES = frozenset({Machine.ADAPTER, Machine.PROCESS})
 
@@ -84,6 +86,11 @@ class EngineState(StrEnum):
     UP = "UP"
 
 
+class LeaseState(StrEnum):
+    FREE = "FREE"  # nobody may publish until a publisher acquires it (never held yet, released or expired)
+    HELD = "HELD"  # one holder, under the lease's current fence
+
+
 class AdapterState(StrEnum):
     ABSENT = "ABSENT"
     STAGING = "STAGING"
@@ -105,6 +112,7 @@ STATES: dict[Machine, tuple[str, ...]] = {
     Machine.RECLAIM: tuple(ReclaimState),
     Machine.DEFAULT: tuple(DefaultState),
     Machine.ENGINE: tuple(EngineState),
+    Machine.LEASE: tuple(LeaseState),
     Machine.ADAPTER: tuple(AdapterState),
     Machine.PROCESS: tuple(ProcessState),
 }
@@ -118,6 +126,7 @@ PSEUDO_STATES: dict[Machine, frozenset[str]] = {
     ),
     Machine.DEFAULT: frozenset(),
     Machine.ENGINE: frozenset({EngineState.FOREIGN}),
+    Machine.LEASE: frozenset(),
     Machine.ADAPTER: frozenset(),
     Machine.PROCESS: frozenset(),
 }
@@ -129,6 +138,7 @@ INITIAL_STATES: dict[Machine, str] = {
     Machine.RECLAIM: ReclaimState.NOT_CLAIMED,
     Machine.DEFAULT: DefaultState.NONE,
     Machine.ENGINE: EngineState.UP,
+    Machine.LEASE: LeaseState.FREE,
     Machine.ADAPTER: AdapterState.ABSENT,
     Machine.PROCESS: ProcessState.UP,
 }

@@ -22,13 +22,14 @@ import attrs
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import SAME, STATES, WILDCARD, Machine, wildcard_states
 
-V, A, S, R, D, E, AD, P = (
+V, A, S, R, D, E, L, AD, P = (
     Machine.VERSION,
     Machine.ATTEMPT,
     Machine.SESSION,
     Machine.RECLAIM,
     Machine.DEFAULT,
     Machine.ENGINE,
+    Machine.LEASE,
     Machine.ADAPTER,
     Machine.PROCESS,
 )
@@ -123,6 +124,9 @@ ROWS: tuple[Row, ...] = (
          doc="Same key, other content: a conflict forever within the epoch, whatever the version's state."),
     keep("reserve.other_epoch", V, "OTHER_EPOCH", "Reserve", Reason.UNKNOWN_VERSION,
          doc="This registry serves one deployment epoch."),
+    keep("reserve.no_lease", V, "UNSEEN FAILED_CLEAN", "Reserve", Reason.NOT_LEASE_HOLDER,
+         guards=("lease_not_held",),
+         doc="Only the holder of the live publisher lease starts a publication: refused before any slot is taken."),
     keep("reserve.while_pending", V, "UNSEEN FAILED_CLEAN", "Reserve", Reason.PUBLICATION_IN_PROGRESS,
          guards=("publication_pending",),
          doc="One pending attempt at a time, including one whose cleanup is not yet confirmed."),
@@ -146,6 +150,9 @@ ROWS: tuple[Row, ...] = (
          doc="A replayed commit returns the original receipt; a retired version never becomes default again."),
     keep("commit.stale_after_commit", V, "PUBLISHED RETIRED RECLAIMING RECLAIMED", "Commit", Reason.STALE_ATTEMPT),
     keep("commit.stale_attempt", V, "LOADING", "Commit", Reason.STALE_ATTEMPT, guards=("attempt_token_mismatch",)),
+    keep("commit.no_lease", V, "LOADING", "Commit", Reason.NOT_LEASE_HOLDER, guards=("lease_not_held",),
+         doc="A publisher whose lease expired or was taken over cannot move the default; the lease's holder "
+             "recovers the attempt."),
     keep("commit.revision_moved", V, "LOADING", "Commit", Reason.REVISION_MISMATCH, guards=("revision_mismatch",)),
     keep("commit.not_ready", V, "LOADING", "Commit", Reason.NOT_READY, guards=("not_ready_everywhere",),
          doc="Needs READY from every target engine, for this attempt, in its current incarnation."),
@@ -275,6 +282,37 @@ ROWS: tuple[Row, ...] = (
                Move(A, "BEGUN", "BEGUN"), Move(A, "READY", "ABSENT")),
          doc="Invalidates that engine's READY; the pending attempt is staged again and every version it must "
              "hold gets a rehydrate attempt (default unchanged); versions it need not hold become ABSENT."),
+    # ================================================================ the publisher lease
+    move("lease.acquire", L, "FREE", "AcquireLease", "HELD", "lease_granted", updates=("grant_lease",),
+         effects=("arm_lease_timer",), writes=("lease.holder", "lease.fence", "lease.ttl_s"),
+         doc="A new fence, one above the last: everything fenced by an earlier grant is refused from now on."),
+    keep("lease.acquire_replay", L, "HELD", "AcquireLease", "lease_granted", guards=("same_holder",),
+         effects=("arm_lease_timer",),
+         doc="The holder asking again (a lost reply, a restarted loop): the same fence, its timer armed afresh."),
+    keep("lease.held", L, "HELD", "AcquireLease", Reason.LEASE_HELD,
+         doc="One publisher at a time: a second one is refused before it reserves anything."),
+    keep("lease.renew", L, "HELD", "RenewLease", "lease_granted", guards=("lease_matches",),
+         effects=("arm_lease_timer",), doc="The holder's timer starts again; nothing in the state changes."),
+    keep("lease.renew_lost", L, "FREE HELD", "RenewLease", Reason.NOT_LEASE_HOLDER,
+         doc="The lease expired or moved on: the old holder learns it lost it (and must not publish)."),
+    move("lease.release", L, "HELD", "ReleaseLease", "FREE", "lease_status", guards=("lease_matches",),
+         writes=("lease.holder",), doc="The holder is done: another may acquire at once."),
+    keep("lease.release_replay", L, "FREE HELD", "ReleaseLease", "lease_status",
+         doc="A release of a fence no longer live (repeated, or after expiry): nothing to give up."),
+    move("lease.expire", L, "HELD", "ExpireLease", "FREE", "lease_status", guards=("fence_is_live",),
+         writes=("lease.holder",),
+         doc="The registry's timer: the holder stopped renewing. A pending attempt it left stays as it is "
+             "(capacity kept) for the next holder's recovery."),
+    keep("lease.expire_late", L, "FREE HELD", "ExpireLease", "lease_status",
+         doc="A timer of an earlier grant, or one that fired after a renewal re-armed it: changes nothing."),
+    move("lease.take_over", L, "HELD", "TakeOverLease", SAME, "lease_granted", guards=("fence_is_live",),
+         updates=("grant_lease",), effects=("arm_lease_timer",), writes=("lease.holder", "lease.fence", "lease.ttl_s"),
+         doc="An operator ends a crashed publisher's lease at once rather than waiting for its timer."),
+    move("lease.take_over_free", L, "FREE", "TakeOverLease", "HELD", "lease_granted", updates=("grant_lease",),
+         effects=("arm_lease_timer",), writes=("lease.holder", "lease.fence", "lease.ttl_s"),
+         doc="Nothing to end (it expired or was released meanwhile): an ordinary grant."),
+    keep("lease.take_over_moved", L, "HELD", "TakeOverLease", Reason.LEASE_HELD,
+         doc="The named fence is not the live one: someone else took the lease since; nothing is ended."),
     # ================================================================ managed adapter x engine (engine side)
     keep("begin.stale_incarnation", AD, "*", "BeginStaging", Reason.STALE_INCARNATION,
          guards=("engine_incarnation_stale",)),
@@ -385,6 +423,7 @@ FIELDS = frozenset(
         "placement.state", "placement.attempt_token", "placement.incarnation",
         "session.state", "session.version", "shard.low_water",
         "default.version", "default.revision", "engine.incarnation", "counter.attempts",
+        "lease.holder", "lease.fence", "lease.ttl_s",
         "adapter.state", "adapter.attempt_token", "adapter.digest", "adapter.bucket_count",
         "adapter.buckets_received", "adapter.native_refs", "adapter.reclaim_id", "adapter.absent",
         "adapter.cleaned_attempts", "process.incarnation",
