@@ -8,11 +8,16 @@ import attrs
 
 from versioned_lora.lifecycle.core import CORE, Core, Fired
 from versioned_lora.lifecycle.effects import PhysicalUnload
-from versioned_lora.lifecycle.frame import changed_fields, engine_changed_fields
+from versioned_lora.lifecycle.frame import (
+    changed_fields,
+    engine_changed_fields,
+    engine_secondary_moves,
+    registry_secondary_moves,
+)
 from versioned_lora.spec.events import EngineEvent, RegistryEvent
 from versioned_lora.spec.invariants import engine_violated, engine_violated_by_step, violated, violated_by_step
 from versioned_lora.spec.model import EngineAdapterState, RegistryState
-from versioned_lora.spec.states import SAME, SessionState
+from versioned_lora.spec.states import SAME, WILDCARD, Machine, SessionState
 from versioned_lora.spec.table import Row
 
 _STATE_FIELDS = frozenset(field.name for field in attrs.fields(RegistryState))
@@ -32,6 +37,16 @@ def _frame_violations(row: Row, changed: frozenset[str], unchanged: bool) -> lis
     return problems
 
 
+def _also_violations(row: Row, moves: frozenset[tuple[Machine, str, str]]) -> list[str]:
+    """Every entity other than the located one that changed state must be a move the row declares in `also`
+    (the diagrams draw those moves; a row that moves something it does not declare is a frame violation)."""
+    undeclared = sorted(
+        (machine.value, source, target) for machine, source, target in moves
+        if not any(m.machine is machine and m.source in (source, WILDCARD) and m.target == target for m in row.also)
+    )
+    return [f"frame: row {row.id} moved {m} {a} -> {b}, not declared in its `also`" for m, a, b in undeclared]
+
+
 def _target_reached(row: Row, landed: str) -> bool:
     if row.target == SAME:
         return True
@@ -47,6 +62,7 @@ def registry_step_violations(
     problems = [f"invariant {name}" for name in violated(after)]
     problems += [f"step invariant {name}" for name in violated_by_step(before, after)]
     problems += _frame_violations(fired.row, changed_fields(before, after), after == before)
+    problems += _also_violations(fired.row, registry_secondary_moves(before, after, event))
     # A draft becomes the state by retyping (registry_rules.RegistryDraft): an update that wrote an attribute
     # RegistryState does not have would leave it in the state, unseen by equality and hashing.
     strays = vars(after).keys() - _STATE_FIELDS
@@ -66,6 +82,7 @@ def engine_step_violations(
     problems = [f"engine invariant {name}" for name in engine_violated(after)]
     problems += [f"engine step invariant {name}" for name in engine_violated_by_step(before, after)]
     problems += _frame_violations(fired.row, engine_changed_fields(before, after), after == before)
+    problems += _also_violations(fired.row, engine_secondary_moves(before, after, event))
     landed = core.engine.table[type(event)][0](after, event)
     if not _target_reached(fired.row, landed):
         problems.append(f"row {fired.row.id} targets {fired.row.target} but the adapter is {landed}")

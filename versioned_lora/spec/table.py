@@ -279,7 +279,9 @@ ROWS: tuple[Row, ...] = (
          updates=("adopt_incarnation", "replace_placements_on_engine"), effects=("recover_engine",),
          writes=("engine.incarnation", *ATTEMPT_ALL, "counter.attempts"),
          also=(Move(A, "READY", "BEGUN"), Move(A, "PREPARED", "BEGUN"), Move(A, "UNKNOWN", "BEGUN"),
-               Move(A, "BEGUN", "BEGUN"), Move(A, "READY", "ABSENT")),
+               Move(A, "BEGUN", "BEGUN"), Move(A, "READY", "ABSENT"),
+               # a rehydrate of a version nobody can use any more, caught by the next restart mid-staging
+               Move(A, "BEGUN", "ABSENT"), Move(A, "PREPARED", "ABSENT"), Move(A, "UNKNOWN", "ABSENT")),
          doc="Invalidates that engine's READY; the pending attempt is staged again and every version it must "
              "hold gets a rehydrate attempt (default unchanged); versions it need not hold become ABSENT."),
     # ================================================================ the publisher lease
