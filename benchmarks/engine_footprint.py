@@ -39,7 +39,7 @@ from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, 
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.capabilities import KEY_FILE_ENV, write_key_file
 from versioned_lora.fixtures import FIXTURE_NAMES, QWEN3_0_6B_SHAPE, build_fixtures
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
+from versioned_lora.spec.wire import TOKEN_ENV
 
 GIB = 2**30
 

@@ -64,7 +64,7 @@ from versioned_lora.capabilities import KEY_FILE_ENV, write_key_file
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.stack import Stack, ensure_ray, new_token
 from versioned_lora.fixtures import QWEN3_0_6B_SHAPE, TINY, Fixtures, build_fixtures
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
+from versioned_lora.spec.wire import TOKEN_ENV
 
 MiB = 2**20
 TINY_BUCKET = 8 * 1024  # the demo's: the ~28 KB tiny adapters in 4 buckets, so per-bucket phases show

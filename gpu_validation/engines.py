@@ -20,7 +20,7 @@ from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
 
-# The managed endpoints read their shared secret from this variable (sglang_patches/managed/endpoints.TOKEN_ENV);
+# The managed endpoints read their shared secret from this variable (spec/wire.TOKEN_ENV);
 # spelled out here so the harness does not import SGLang just to name it.
 TOKEN_ENV = "VERSIONED_LORA_TOKEN"
 

@@ -18,7 +18,7 @@ from typing import Any, TypeVar
 from versioned_lora import capabilities
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
+from versioned_lora.spec.wire import TOKEN_ENV
 
 T = TypeVar("T")
 

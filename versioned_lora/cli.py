@@ -25,7 +25,7 @@ from pathlib import Path
 from versioned_lora import capabilities
 from versioned_lora.adapters.engine_process import DEFAULT_PATCHES, EngineConfig, EngineProcess, default_log_path
 from versioned_lora.fixtures import FIXTURE_NAMES, TINY, build_fixtures
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV, TOKEN_HEADER
+from versioned_lora.spec.wire import TOKEN_ENV, TOKEN_HEADER
 
 
 def write_token_file(path: Path, token: str) -> Path:

@@ -11,7 +11,7 @@ import psutil
 import pytest
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, EngineStartError
-from versioned_lora.sglang_patches.mechanism import EXIT_WITH_PARENT_ENV
+from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV
 
 
 def _status(url: str) -> dict:

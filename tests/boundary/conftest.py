@@ -20,7 +20,7 @@ from lease_helpers import fence_of
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
 from versioned_lora.lifecycle import Reserve, Reserved, VersionKey
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_HEADER
+from versioned_lora.spec.wire import TOKEN_HEADER
 
 # Fields of the engine status that move on their own: `managed_begin` counts every begin that reached the engine
 # (refused or not, by design), `abort_request` every per-request abort.

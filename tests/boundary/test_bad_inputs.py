@@ -29,8 +29,8 @@ from versioned_lora.adapters.manifest import manifest_from_tensors
 from versioned_lora.adapters.snapshot import SnapshotError, snapshot_from_tensors
 from versioned_lora.adapters.transfer import BucketPlan
 from versioned_lora.lifecycle import Reserve, VersionKey
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_HEADER
 from versioned_lora.spec.identities import InvalidIdentity, lora_name
+from versioned_lora.spec.wire import TOKEN_HEADER
 
 MANAGED = {"begin", "receive_bucket", "end", "cleanup", "reclaim", "init_group"}
 RESULTS: dict[str, dict[str, bool]] = {}

@@ -14,7 +14,7 @@ from engine_helpers import TEST_TOKEN
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_HEADER
+from versioned_lora.spec.wire import TOKEN_HEADER
 
 FUZZ_EXAMPLES = 20  # per endpoint: 120 bodies, about two minutes on a loaded 2-core host
 FIELDS = {

@@ -25,8 +25,8 @@ from versioned_lora.adapters.sglang_client import ManagedRefusal
 from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.capabilities import KEY_ENV, KEY_FILE_ENV, parse_key
 from versioned_lora.cli import CAPABILITY_KEY_NAME, engine_capability_key, engine_token
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.identities import VersionKey, lora_name
+from versioned_lora.spec.wire import TOKEN_ENV
 
 
 def test_candidate_with_non_finite_probe_is_refused_and_cleaned(boundary: Boundary) -> None:

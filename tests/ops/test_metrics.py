@@ -22,7 +22,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 from versioned_lora.demo.stack import Stack
-from versioned_lora.sglang_patches.managed.endpoints import SOURCE_ROOT_ENV
+from versioned_lora.spec.wire import SOURCE_ROOT_ENV
 
 SCRAPE_DEADLINE_S = 90.0  # Ray's metrics agent exports every few seconds
 

@@ -47,3 +47,15 @@ def test_the_driver_executors_decide_nothing_by_state_or_reason() -> None:
         assert not modules & {"versioned_lora.spec.states", "versioned_lora.spec.reasons"}, (name, modules)
         source = path.read_text()
         assert "publication_view" not in source and "version_states" not in source, name
+
+
+def test_the_library_side_reaches_the_engine_patch_only_over_its_wire() -> None:
+    """adapters/, runtime/, ops/, demo/ and the CLI import nothing from sglang_patches/: they reach an engine's
+    patch set over HTTP (and start it as a process by module name), and take the constants both ends agree on
+    (paths, the token header, environment names, the protocol version) from spec/wire.py."""
+    package = Path(runtime_pkg.__file__).parents[1]
+    folders = ("adapters", "runtime", "ops", "demo")
+    paths = [package / "cli.py", *(p for sub in folders for p in (package / sub).glob("*.py"))]
+    for path in paths:
+        offenders = {m for m in imported_modules(path) if m.startswith("versioned_lora.sglang_patches")}
+        assert not offenders, f"{path.relative_to(package)} imports {offenders}"

@@ -33,8 +33,8 @@ from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.publisher import Publisher, PublishStatus
 from versioned_lora.runtime.reclaimer import Reclaimer, ReclaimStatus
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.identities import lora_name
+from versioned_lora.spec.wire import TOKEN_ENV
 
 
 @pytest.fixture(scope="module")

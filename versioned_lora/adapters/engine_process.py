@@ -20,8 +20,7 @@ from typing import Any
 import attrs
 import httpx
 
-from versioned_lora.sglang_patches.introspection import STATUS_PATH
-from versioned_lora.sglang_patches.mechanism import EXIT_WITH_PARENT_ENV, PATCHES_ENV
+from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV, PATCHES_ENV, STATUS_PATH
 
 # RFC "first supported configuration": two pinned managed adapters plus one free slot; radix cache
 # on (SGLang's default); overlap scheduling, speculative decoding and CUDA graphs off.

@@ -15,6 +15,8 @@ from typing import Any
 import attrs
 import httpx
 
+from versioned_lora.spec.wire import MANAGED_PREFIX, STATUS_PATH, TOKEN_HEADER
+
 
 class UnknownOutcome(Exception):
     """The request may or may not have taken effect on the engine (timeout, lost connection)."""
@@ -44,7 +46,7 @@ KEEPALIVE_EXPIRY_S = 2.0  # below the engines' keep-alive timeout (SGLang 0.5.23
 class SGLangClient:
     def __init__(self, base_url: str, timeout_s: float = 120.0, token: str | None = None) -> None:
         self.base_url = base_url
-        headers = {"x-versioned-lora-token": token} if token else None
+        headers = {TOKEN_HEADER: token} if token else None
         # SGLang's uvicorn closes a keep-alive connection idle for 5 s; httpx's default expiry is the same 5 s: a
         # request sent on such a connection as the server closes it fails with ReadError, an unknown outcome for
         # a POST. Idle connections are dropped here first.
@@ -168,7 +170,7 @@ class SGLangClient:
     async def managed(self, operation: str, http_timeout_s: float | None = None, **body: Any) -> dict[str, Any]:
         """POST /versioned_lora/<operation>. Returns the envelope (incarnation, result, adapter) or
         raises ManagedRefusal; a lost reply raises UnknownOutcome."""
-        response = await self._post(f"/versioned_lora/{operation}", body, http_timeout_s)
+        response = await self._post(MANAGED_PREFIX + operation, body, http_timeout_s)
         payload: dict[str, Any] = response.json()
         if response.status_code != 200:
             error = payload.get("error", {})
@@ -179,12 +181,12 @@ class SGLangClient:
     async def status(self) -> dict[str, Any]:
         try:
             try:
-                response = await self._http.get("/versioned_lora/status")
+                response = await self._http.get(STATUS_PATH)
             except (httpx.ReadError, httpx.RemoteProtocolError):
                 # A pooled keep-alive connection the engine closed as it was reused (one idle for 5 s; and seen
                 # right after an engine's unhandled 500): the pool has dropped it, and a read-only GET may be
                 # asked once more, on a fresh connection.
-                response = await self._http.get("/versioned_lora/status")
+                response = await self._http.get(STATUS_PATH)
         except httpx.HTTPError as exc:
             raise UnknownOutcome(f"GET status: {exc}") from exc
         return _json_or_raise(response)

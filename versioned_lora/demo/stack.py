@@ -30,8 +30,8 @@ from versioned_lora.runtime.interfaces import BackendRequest
 from versioned_lora.runtime.publisher import Publisher
 from versioned_lora.runtime.reclaimer import Reclaimer
 from versioned_lora.runtime.session_binder import SessionBinder
-from versioned_lora.sglang_patches.managed.endpoints import TOKEN_ENV
 from versioned_lora.spec.identities import lora_name
+from versioned_lora.spec.wire import TOKEN_ENV
 
 ENGINE_NAMES = ("E0", "E1", "E2", "E3")  # a Stack names its first len(urls) engines by these
 PROBE_PROMPT = list(range(10, 30))  # the probe every `end` answers, checked against the reference forward

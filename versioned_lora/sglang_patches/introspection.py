@@ -19,8 +19,7 @@ from collections.abc import Callable
 from typing import Any
 
 from versioned_lora.sglang_patches.mechanism import applied_patches
-
-STATUS_PATH = "/versioned_lora/status"
+from versioned_lora.spec.wire import STATUS_PATH
 
 # Minted once per server process start: a READY or receipt from an older incarnation is stale.
 # Nanoseconds since the epoch at start: unique per start and larger for a later start on one host.

@@ -16,14 +16,14 @@ from typing import Any
 
 import attrs
 
+from versioned_lora.spec.wire import PATCHES_ENV
+
 SUPPORTED_SGLANG_VERSION = "0.5.23"
 
-# Comma-separated patch set names ("cpu", "managed"). Set by the server entry point in its own
-# environment so that the scheduler and detokenizer (spawned, so they inherit os.environ) apply
-# exactly the same set.
-PATCHES_ENV = "VERSIONED_LORA_PATCHES"
-# "1": the engine stops once the process that started it is gone (`server.exit_with_parent`).
-EXIT_WITH_PARENT_ENV = "VERSIONED_LORA_EXIT_WITH_PARENT"
+# PATCHES_ENV (spec/wire.py): comma-separated patch set names ("cpu", "managed"). Set by the server entry
+# point in its own environment so that the scheduler and detokenizer (spawned, so they inherit os.environ)
+# apply exactly the same set. EXIT_WITH_PARENT_ENV "1": the engine stops once the process that started it is
+# gone (`server.exit_with_parent`).
 
 
 class UnsupportedSGLangVersion(RuntimeError):

@@ -14,7 +14,8 @@ import threading
 import time
 
 from versioned_lora.sglang_patches.apply import apply_requested_patches
-from versioned_lora.sglang_patches.mechanism import EXIT_WITH_PARENT_ENV, require_supported_sglang
+from versioned_lora.sglang_patches.mechanism import require_supported_sglang
+from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV
 
 logger = logging.getLogger(__name__)
 

@@ -37,15 +37,12 @@ from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.managed.staging import DiskSource, DistributedSource, StagingFailed, StagingSource
 from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallFailed
 from versioned_lora.spec.identities import InvalidIdentity, check_lora_name
-from versioned_lora.spec.wire import PROTOCOL_VERSION
+from versioned_lora.spec.wire import MANAGED_PREFIX, PROTOCOL_VERSION, SOURCE_ROOT_ENV, TOKEN_ENV, TOKEN_HEADER
 
 logger = logging.getLogger(__name__)
 
-PREFIX = "/versioned_lora"
+PREFIX = MANAGED_PREFIX.rstrip("/")
 MIN_TOKEN_LEN = 16
-TOKEN_ENV = "VERSIONED_LORA_TOKEN"
-TOKEN_HEADER = "x-versioned-lora-token"
-SOURCE_ROOT_ENV = "VERSIONED_LORA_SOURCE_ROOT"
 MAX_CONTROL_BODY = 64 * 1024  # control messages are small; tensors travel over torch.distributed
 # `begin` carries the manifest, about 200 bytes a tensor: a LoRA on every linear module of an 8B model
 # (504 tensors) is ~100 KB, a mixture-of-experts LoRA can be tens of thousands of tensors.

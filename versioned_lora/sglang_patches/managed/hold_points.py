@@ -25,8 +25,9 @@ import os
 from typing import Any
 
 from versioned_lora.sglang_patches.managed.fields import BadRequest
+from versioned_lora.spec.wire import TEST_HOLD_POINTS_ENV
 
-ENV = "VERSIONED_LORA_TEST_HOLD_POINTS"
+ENV = TEST_HOLD_POINTS_ENV
 HOLDS_AT = ("load", "probe", "unload")
 FAULTS = ("fail_request",)
 POINTS = HOLDS_AT + FAULTS

@@ -36,9 +36,11 @@ from typing import Any
 
 import psutil
 
+from versioned_lora.spec.wire import STAGING_ADDRESS_ENV
+
 logger = logging.getLogger(__name__)
 
-ADDRESS_ENV = "VERSIONED_LORA_STAGING_ADDRESS"
+ADDRESS_ENV = STAGING_ADDRESS_ENV
 # A call the scheduler process never answers (it died, or hangs) fails after this long; what it held
 # stays held (the caller reports an unknown outcome, never a success).
 CALL_TIMEOUT_S = 60.0
