@@ -244,8 +244,13 @@ def test_status_watch_refreshes_until_interrupted(engines, fixtures, tmp_path) -
                 reader = asyncio.create_task(read_until("default B (revision 2)"))  # a later refresh
                 assert (await asyncio.wait_for(d.publisher.publish(b_version, b), 300)).committed
                 await asyncio.wait_for(reader, 120)
+                # Keep draining its output until it ends: a child blocked writing to a full pipe nobody reads
+                # never gets back to its event loop, and Ctrl-C (asyncio's SIGINT handler) waits for that loop.
+                assert child.stdout is not None
+                rest = asyncio.create_task(asyncio.to_thread(child.stdout.read))
                 child.send_signal(signal.SIGINT)
                 assert await asyncio.to_thread(child.wait, 60) == 0
+                seen += await asyncio.wait_for(rest, 60)
             finally:
                 if reader is not None and not reader.done():
                     reader.cancel()

@@ -13,7 +13,7 @@ from engine_helpers import PROMPT, client_for, loaded_adapter, refcount, run, wa
 
 from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient
 
-LONG_TOKENS = 1500  # ~6 s alone on the tiny CPU model
+LONG_TOKENS = 1900  # in flight for seconds even at the ~400 tokens/s an idle host decodes (1500 was not: CI)
 SHORT_TOKENS = 250
 
 
@@ -39,6 +39,7 @@ def test_unload_waits_for_the_long_request_and_unloads_once(engines, fixtures) -
             status = await client.status()
             assert status["draining"] == [{"lora_id": lora_id, "refcount": 1}]
             await asyncio.sleep(0.5)
+            assert not long_task.done(), "the long request finished before the unload could be seen waiting for it"
             assert not unload_task.done(), "unload finished while a request still held the adapter"
 
             await long_task

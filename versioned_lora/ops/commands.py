@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
+import signal
 import socket
 import sys
 import time
@@ -120,17 +122,28 @@ def status(args: argparse.Namespace) -> int:
             if not args.watch:
                 console.print(render_status(await gather_status(registry, clients)))
                 return int(Exit.OK)
+            # Ctrl-C ends the watch between two refreshes, through the event loop (not a KeyboardInterrupt raised
+            # wherever the main thread happens to be: inside a Ray call, it once left the process hanging).
+            stopped = asyncio.Event()
+            asyncio.get_running_loop().add_signal_handler(signal.SIGINT, stopped.set)
+
+            async def pause() -> None:
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(stopped.wait(), args.interval)
+
             if not console.is_terminal:  # a pipe or a file: one full table per refresh, each under its time
-                while True:
+                while not stopped.is_set():
                     console.print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
                     console.print(render_status(await gather_status(registry, clients)))
                     sys.stdout.flush()
-                    await asyncio.sleep(args.interval)
+                    await pause()
+                return int(Exit.OK)
             with Live(render_status(await gather_status(registry, clients)), console=console,
                       auto_refresh=False) as live:
-                while True:
-                    await asyncio.sleep(args.interval)
+                while not stopped.is_set():
+                    await pause()
                     live.update(render_status(await gather_status(registry, clients)), refresh=True)
+            return int(Exit.OK)
         except KeyboardInterrupt:
             return int(Exit.OK)
         finally:
@@ -256,8 +269,8 @@ def publish(args: argparse.Namespace) -> int:
                 await _take_over_first(publisher, args, console)
                 await publisher.sync_incarnations()
                 outcome = await publisher.publish(version, candidate)
-                if not publisher.commit_unresolved:  # an unresolved commit keeps it: `resolve` finishes under it
-                    await publisher.release_lease()
+                if str(outcome.status) != "UNKNOWN":  # an unknown outcome keeps it: `resolve --holder` finishes
+                    await publisher.release_lease()  # under the same fence (until the lease's ttl runs out)
         finally:
             await _close(ports, clients)
         code = publish_exit(str(outcome.status), outcome.reason)

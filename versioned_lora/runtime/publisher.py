@@ -205,7 +205,11 @@ class Publisher:
         try:
             return await self._publish(version, candidate, lease, phases)
         finally:
-            renewing.cancel()
+            if self.commit_unresolved and self._commit_task is not None:
+                # The commit is still being resolved under this fence: keep the lease until it is answered.
+                self._commit_task.add_done_callback(lambda _: renewing.cancel())
+            else:
+                renewing.cancel()
 
     async def _publish(self, version: VersionKey, candidate: CandidatePort, fence: int,
                        phases: dict[str, float]) -> PublishOutcome:
