@@ -123,13 +123,11 @@ def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Ite
             extra_args=TEST_ENGINE_ARGS,
             # Disk-sourced begins read the fixture cache and the tests' own temporary directories.
             # Hold points inside the engine's calls (managed/hold_points.py), for the kill tests.
-            # SGLANG_REQUEST_STATE_WAIT_TIMEOUT (SGLang's own setting, default 4 s): how often a non-streamed
-            # request waiting for output asks whether its client is gone (TokenizerManager._wait_one_response).
-            # 1 s, so that a test's client disconnect is noticed well inside a concurrent request's lifetime (a
-            # 2000-token request lasts ~5 s on an idle host; at 4 s the two raced).
+            # (SGLANG_REQUEST_STATE_WAIT_TIMEOUT=1, tried so that a client disconnect is noticed sooner, made the
+            # engine abort requests whose clients were still connected, "disconnected (type 1)": left at 4 s.)
             env=engine_env(**{SOURCE_ROOT_ENV: os.pathsep.join([str(fixtures.root),
                                                                 str(tmp_path_factory.getbasetemp())]),
-                              hold_points.ENV: "1", "SGLANG_REQUEST_STATE_WAIT_TIMEOUT": "1"}),
+                              hold_points.ENV: "1"}),
         )
         for i in range(2)
     ]
