@@ -5,18 +5,20 @@ when it holds, not merely waited for.
 Rows: 1 (B READY on E0 only, then both, commit), 2 (duplicate publication and content conflict), 3
 (single-engine failure, manifest error, lost commit ACK), 4 (cleanup first, late begin/READY/receive of the old
 attempt, duplicate receive), 5 (bind/close and cancel/complete concurrency), 6 (SGLang's native request
-refcount: r1 ends by 503, pre-dispatch 400, disconnect, abort or twice while r2 holds A), 7 (session refs 0
-while the engine still holds a request), 8 (capacity, repeated reclaim, late unload receipt) and 9 (missing
+refcount: r1 ends by 500, 503, pre-dispatch 400, disconnect, abort or twice while r2 holds A), 7 (session refs
+0 while the engine still holds a request), 8 (capacity, repeated reclaim, late unload receipt) and 9 (missing
 exact version, bypass of management, the switch off). Every deadline of row 3 is `test_phase_deadlines.py`,
-every lost reply `test_unknown_outcomes.py`. Row 6 has no 500 ending: no request to the fixture text model
-makes SGLang 0.5.23 answer 500 on demand (its 500s are multimodal-input and out-of-memory-after-retraction
-aborts), so its 5xx ending is the 503 SGLang answers from inside the request path.
+every lost reply `test_unknown_outcomes.py`. Row 6's 500 is injected (the engine's test-only `fail_request`
+fault point): no request to the fixture text model makes SGLang 0.5.23 answer 500 on demand (its 500s are
+multimodal-input and out-of-memory-after-retraction aborts); its 503 is SGLang's own, from inside the request
+path.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import time
 from typing import Any
 
 import pytest
@@ -434,6 +436,15 @@ R2_TOKENS = 2000  # r2 outlives every r1 ending (a disconnect is noticed by SGLa
 R1_TOKENS = 1900  # in flight for seconds even at the ~400 tokens/s an idle host decodes
 
 
+def _ended(task: asyncio.Task[Any]) -> str:
+    """How r2's request ended, for the trace of row 6."""
+    if task.cancelled():
+        return "r2 cancelled"
+    if task.exception() is not None:
+        return f"r2 failed: {task.exception()!r}"[:300]
+    return f"r2 ended: {task.result().finish_reason}, {len(task.result().output_ids)} tokens"
+
+
 def test_row_6_native_refcount_r1_ends_by_500_503_400_disconnect_abort_or_twice_r2_keeps_exactly_one(
     engines, fixtures, tmp_path
 ) -> None:
@@ -453,17 +464,21 @@ def test_row_6_native_refcount_r1_ends_by_500_503_400_disconnect_abort_or_twice_
                 assert view is not None
                 return int(view["native_refcount"]), int(view["mirrored_refcount"]), await refcount(e0, a.lora_name)
 
-            seen: list[object] = [None]
+            # Every change of the three counts, with its time: a failure says what the counts went through.
+            start = time.monotonic()
+            changes: list[tuple[float, object]] = []
 
             async def counts_are(n: int) -> bool:
-                seen[0] = await counts()
-                return seen[0] == (n, n, n)
+                now = await counts()
+                if not changes or changes[-1][1] != now:
+                    changes.append((round(time.monotonic() - start, 3), now))
+                return now == (n, n, n)
 
             async def settle(n: int, what: str) -> None:
                 # A liveness bound, not a speed target: each poll is two engine round trips (one through the
                 # scheduler), so polls are spaced a little.
                 await wait_until(lambda: counts_are(n), timeout_s=120, poll_s=0.1,
-                                 last=lambda: f"{what}: (native, mirrored, introspected)={seen[0]}")
+                                 last=lambda: f"{what}: (s, (native, mirrored, introspected)) {changes[-8:]}")
 
             async def in_flight(key: Any, rid: str) -> asyncio.Task[Any]:
                 task = asyncio.create_task(binder.generate(key, PROMPT, R1_TOKENS, sampling={"ignore_eos": True},
@@ -534,6 +549,7 @@ def test_row_6_native_refcount_r1_ends_by_500_503_400_disconnect_abort_or_twice_
                 r2_rid = f"S_r2_{ending}@E0/r2"
                 r2 = asyncio.create_task(binder.generate(r2_key, PROMPT, R2_TOKENS, sampling={"ignore_eos": True},
                                                          rid=r2_rid))
+                r2.add_done_callback(lambda task: changes.append((round(time.monotonic() - start, 3), _ended(task))))
                 await settle(1, f"r2 of {ending} in flight")
                 r1_key = binder.open(f"S_r1_{ending}@E0")
                 await end_r1(r1_key, f"S_r1_{ending}@E0/r1")
@@ -545,6 +561,8 @@ def test_row_6_native_refcount_r1_ends_by_500_503_400_disconnect_abort_or_twice_
                 await binder.abort(r2_key, r2_rid)  # r2 ends too (temporary abort: its session keeps A)
                 assert (await r2).finish_reason == "abort"
                 await settle(0, f"r2 of {ending} aborted")
+                print(f"row 6, {ending}: {changes}")
+                changes.clear()
                 assert await counts() == (0, 0, 0), ending
                 for key in (r1_key, r2_key):
                     await binder.finish(key)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import datetime
 import logging
 import threading
+import time
 from typing import Any
 
 import attrs
@@ -131,7 +132,12 @@ class StashStore:
         still: list[tuple[Group, list[PendingBucket]]] = []
         for group, pending in self.abandoned:
             if all(p.done() for p in pending):
+                began = time.monotonic()
                 destroy_transfer_group(group.pg)
+                # The scheduler's decode shares this process's GIL: a slow teardown shows as a decode gap.
+                if (spent := time.monotonic() - began) > 0.05:
+                    logger.warning("versioned-lora: reaping abandoned transfer group %r took %.3fs", group.name,
+                                   spent)
             else:
                 still.append((group, pending))
         self.abandoned = still
