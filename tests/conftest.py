@@ -7,6 +7,7 @@ An engine that fails to start is an error for every test that needs it, never a 
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -37,7 +38,8 @@ def _load_allowlist() -> dict[str, str]:
 
 @pytest.hookimpl(hookwrapper=True)
 def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  # type: ignore[no-untyped-def]
-    """A skip or xfail that is not on the committed allow-list fails the test."""
+    """A skip or xfail that is not on the committed allow-list fails the test. A failed test that used the
+    session's engines carries the end of each engine's log: CI keeps only its own output, not the files."""
     outcome = yield
     report = outcome.get_result()
     skipped_or_xfailed = report.skipped or hasattr(report, "wasxfail")
@@ -47,6 +49,28 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]):  
             f"{item.nodeid} was skipped or xfailed but is not on tests/skip_allowlist.txt; "
             f"add it there with its reason or make it run."
         )
+    if report.failed and isinstance(getattr(item, "funcargs", {}).get("engines"), EnginePair):
+        for name, engine in zip(("E0", "E1"), item.funcargs["engines"], strict=True):
+            report.sections.append((f"engine log {name}: last {LOG_TAIL_LINES} lines but 2xx access lines",
+                                     _log_tail(engine)))
+
+
+LOG_TAIL_LINES = 40
+
+
+def _log_tail(engine: EngineProcess) -> str:
+    path = engine.config.log_path
+    if path is None or not path.exists():
+        return "(no log file)"
+    with path.open("rb") as log:
+        log.seek(max(0, path.stat().st_size - 1024 * 1024))
+        lines = log.read().decode(errors="replace").splitlines()
+    # Answered requests (uvicorn's access lines with a 2xx status) say little and crowd out what does.
+    kept = [line for line in lines if not _ANSWERED.search(line)][-LOG_TAIL_LINES:]
+    return "\n".join(line[:400] for line in kept)  # SGLang's server_args line alone is ~30 kB
+
+
+_ANSWERED = re.compile(r'HTTP/1\.1" 2\d\d ')
 
 
 # ---------------------------------------------------------------- per-suite wall time

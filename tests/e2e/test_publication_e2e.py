@@ -21,7 +21,7 @@ import attrs
 import pytest
 import torch
 from deployment import Deployment, engine_wide_deltas
-from engine_helpers import PROMPT, TEST_ENGINE_ARGS, client_for, engine_env, publish_from_disk, run
+from engine_helpers import PROMPT, TEST_ENGINE_ARGS, client_for, engine_env, publish_from_disk, run, wait_until
 
 from versioned_lora.adapters import engine_staging
 from versioned_lora.adapters.engine_process import EngineConfig, free_port_block, start_all
@@ -85,9 +85,32 @@ async def assert_match_clean_baselines(fixtures, log_dir: Path, served: list[Ser
             await asyncio.to_thread(process.stop)
 
 
+async def _engines_idle(deployment: Deployment) -> None:
+    """Test isolation: a request an earlier test left decoding (a cancelled caller whose engine has not yet
+    noticed the disconnect) shares the engine's KV cache and its native refcounts with this test's requests.
+    Wait until no engine holds one; an engine that still does after a minute leaked it, and the test says so."""
+    for name, engine_client in deployment.clients.items():
+        await _engine_idle(name, engine_client.base_url)
+
+
+async def _engine_idle(name: str, url: str) -> None:
+    seen: list[object] = [None]
+    async with client_for(url) as client:
+
+        async def idle() -> bool:
+            try:
+                seen[0] = (await client.status())["requests_in_flight"]
+            except UnknownOutcome:  # an engine a test killed and is restarting: nothing of ours in it
+                return True
+            return seen[0] == 0
+
+        await wait_until(idle, timeout_s=60, poll_s=0.2, last=lambda: f"{name}: requests in flight {seen[0]}")
+
+
 @asynccontextmanager
 async def deployed(engines, fixtures, tmp_path) -> AsyncIterator[Deployment]:  # type: ignore[no-untyped-def]
     deployment = Deployment(engines, fixtures, tmp_path)
+    await _engines_idle(deployment)
     await deployment.publisher.sync_incarnations()
     try:
         yield deployment

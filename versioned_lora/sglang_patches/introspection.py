@@ -63,6 +63,8 @@ async def status_payload(tokenizer_manager: Any) -> dict[str, Any]:
         "incarnation": INCARNATION,
         "started_at": STARTED_AT,
         "patches": [record.target for record in applied_patches()],
+        # Requests the tokenizer manager has taken and not finished (its `rid_to_state`), whatever they name.
+        "requests_in_flight": len(tokenizer_manager.rid_to_state),
         **lora_registry_snapshot(tokenizer_manager),
         **sections,
     }
