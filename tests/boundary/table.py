@@ -150,6 +150,10 @@ def _rows() -> list[Row]:
     add("init_group", "timeout_s", "zero", "MALFORMED_REQUEST", set={"timeout_s": 0})
     add("init_group", "timeout_s", "huge", "MALFORMED_REQUEST", set={"timeout_s": 1e12})
     add("init_group", "group_name", "other_incarnation", "STALE_INCARNATION", set={"group_name": "vlora-1-x"})
+    # This incarnation's digits inside another's: the incarnation is read from the name, not found in it.
+    add("init_group", "group_name", "incarnation_as_substring", "STALE_INCARNATION",
+        set={"group_name": "vlora-$INC7-x"})
+    add("init_group", "group_name", "not_a_group_name", "MALFORMED_REQUEST", set={"group_name": "x-$INC-x"})
     # ---- /generate
     add("generate", "input_ids", "out_of_vocab", "TOKEN_OUT_OF_VOCAB", base="generate_base",
         set={"input_ids": [600, 700]})

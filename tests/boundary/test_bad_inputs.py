@@ -85,6 +85,7 @@ def _substitutions(ctx: Boundary) -> dict[str, str]:
         "$DIGEST12": digest[:12],
         "$M_LORA_ID": ctx.m_lora_id,
         "$M": ctx.m.name,
+        "$INC": str(ctx.m.incarnation),
         "$ROOT": str(ctx.root),
         "$ESCAPE_LINK": str(ctx.root / "boundary-escape-link"),
         "$ESCAPE_FILE_DIR": str(ctx.root / "boundary-escape-file"),

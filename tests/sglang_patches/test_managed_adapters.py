@@ -33,6 +33,7 @@ from versioned_lora import capabilities
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
 from versioned_lora.capabilities import Action, mint
+from versioned_lora.spec.identities import VersionKey, lora_name
 
 LONG_TOKENS = 1900  # in flight for seconds even at the ~400 tokens/s an idle host decodes
 # r2 must outlive r1's ending. A client disconnect is noticed by SGLang only on its next check of the
@@ -340,5 +341,40 @@ def test_token_is_required_only_on_managed_endpoints(engines) -> None:
             with pytest.raises(ManagedRefusal) as refused:
                 await admitted.managed("reclaim", **probe)
             assert (refused.value.status_code, refused.value.reason) == (400, "NOT_MANAGED")
+
+    run(body())
+
+
+def test_a_begin_the_table_answers_is_not_refused_for_capacity(engines, fixtures) -> None:
+    """With every managed slot taken, a begin for a name the engine holds, under another attempt, is the table's
+    `begin.other_attempt` (409 STALE_ATTEMPT) for a STAGING and for a READY adapter alike, as it is with a slot
+    free; only a begin that would open a new stash (a new name) is refused NO_FREE_SLOT. Nothing changes."""
+
+    async def body() -> None:
+        async with client_for(engines.e1) as client:
+            held = [a for a in (await client.status())["managed"] if a["state"] in ("STAGING", "READY")]
+            assert held == [], "an earlier test left managed adapters on E1"
+            ready = await publish_from_disk(client, fixtures.adapters["A"], "slotready")
+            snapshot = snapshot_from_adapter_dir(fixtures.adapters["C"])
+            version = VersionKey(1, f"slotstaging{uuid.uuid4().hex[:6]}")
+            staging = Staged(lora_name(version, snapshot.digest), f"attempt-{uuid.uuid4().hex[:8]}", snapshot.digest,
+                             ready.incarnation, snapshot.manifest.to_json(), str(fixtures.adapters["C"]))
+            await client.managed("begin", **staging.begin_body())  # STAGING: both managed slots are now taken
+            try:
+                before = (await client.status())["managed"]
+                for staged in (staging, ready):
+                    with pytest.raises(ManagedRefusal) as refused:
+                        await client.managed("begin", **{**staged.begin_body(), "attempt_token": "attempt-other"})
+                    assert (refused.value.status_code, refused.value.reason) == (409, "STALE_ATTEMPT"), staged.name
+                fresh = Staged(lora_name(VersionKey(1, f"slotfresh{uuid.uuid4().hex[:6]}"), snapshot.digest),
+                               "attempt-fresh", snapshot.digest, ready.incarnation, snapshot.manifest.to_json(),
+                               str(fixtures.adapters["C"]))
+                with pytest.raises(ManagedRefusal) as full:
+                    await client.managed("begin", **fresh.begin_body())
+                assert (full.value.status_code, full.value.reason) == (409, "NO_FREE_SLOT")
+                assert (await client.status())["managed"] == before
+            finally:
+                await client.managed("cleanup", lora_name=staging.name, attempt_token=staging.attempt_token)
+                await client.managed("reclaim", lora_name=ready.name, reclaim_id="slot-teardown", wait_s=60)
 
     run(body())

@@ -27,6 +27,7 @@ from versioned_lora.adapters.transfer import (
     packed_buckets,
     send_bucket,
 )
+from versioned_lora.spec.wire import transfer_group_name
 
 
 @attrs.frozen
@@ -70,7 +71,7 @@ class EngineLink:
         `device` is where this side's buckets live, and picks the backend: "cpu" joins with gloo, a CUDA
         device with NCCL. It must match the engine's side, which uses NCCL whenever its scheduler sees a GPU."""
         incarnation = int((await client.status())["incarnation"])
-        group_name = f"vlora-{incarnation}-{uuid.uuid4().hex[:8]}"
+        group_name = transfer_group_name(incarnation, uuid.uuid4().hex[:8])
         port = free_port(master_address)
         publisher_side = asyncio.create_task(
             asyncio.to_thread(

@@ -18,11 +18,11 @@ import attrs
 from versioned_lora.adapters.ray_registry import OperationsView
 from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient, UnknownOutcome
 from versioned_lora.runtime.views import PublicationView, VersionView
+from versioned_lora.spec.model import SLOT_HOLDING_ADAPTER_STATES
 from versioned_lora.spec.states import PlacementState, VersionState
 
 DIGEST_PREFIX = 12  # as in the managed name (spec/identities.py)
 # Engine-side states in which an engine still holds a managed adapter's memory.
-HELD_ADAPTER_STATES = ("READY", "STAGING", "DRAINING", "UNREGISTERED")
 
 
 class BlockingKind:
@@ -194,4 +194,5 @@ async def gather_status(registry: Any, clients: Mapping[str, SGLangClient]) -> d
 
 def held_per_engine(rows: Mapping[str, Any]) -> tuple[int, ...]:
     """Managed adapters each engine still holds memory for (the demo samples this)."""
-    return tuple(sum(1 for a in e["adapters"] if a["managed_state"] in HELD_ADAPTER_STATES) for e in rows["engines"])
+    return tuple(sum(1 for a in e["adapters"] if a["managed_state"] in SLOT_HOLDING_ADAPTER_STATES)
+                 for e in rows["engines"])

@@ -29,6 +29,11 @@ PENDING_STATES = frozenset({VersionState.LOADING, VersionState.ABORTED})
 DISPATCHABLE_STATES = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 # Sessions in these states hold one session ref on their bound version.
 REF_HOLDING_SESSION_STATES = frozenset({SessionState.BOUND, SessionState.FINALIZING})
+# Engine-side adapters in these states hold (or, staging, will hold) one of the engine's pinned LoRA slots;
+# UNLOADED, CLEANED and ABSENT hold none.
+SLOT_HOLDING_ADAPTER_STATES = frozenset(
+    {AdapterState.STAGING, AdapterState.READY, AdapterState.UNREGISTERED, AdapterState.DRAINING}
+)
 
 
 # Metadata of a field added to a journaled type after journals were written: the journal's encoding leaves it out

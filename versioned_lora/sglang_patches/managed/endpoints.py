@@ -37,7 +37,16 @@ from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.managed.staging import DiskSource, DistributedSource, StagingFailed, StagingSource
 from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallFailed
 from versioned_lora.spec.identities import InvalidIdentity, check_lora_name
-from versioned_lora.spec.wire import MANAGED_PREFIX, PROTOCOL_VERSION, SOURCE_ROOT_ENV, TOKEN_ENV, TOKEN_HEADER
+from versioned_lora.spec.reasons import Reason
+from versioned_lora.spec.wire import (
+    MANAGED_PREFIX,
+    PROTOCOL_VERSION,
+    SOURCE_ROOT_ENV,
+    TOKEN_ENV,
+    TOKEN_HEADER,
+    EngineRefusal,
+    transfer_group_incarnation,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -57,11 +66,13 @@ def _managed_name(body: dict[str, Any], digest: str | None = None) -> str:
     whose digest part is that digest's prefix."""
     name = fields.string(body, "lora_name", max_len=MAX_CONTROL_BODY)  # the grammar bounds it, with a reason
     if not is_managed_name(name):
-        raise BadRequest("NOT_MANAGED", f"{name[:80]!r} is not a versioned-lora managed name", field="lora_name")
+        raise BadRequest(EngineRefusal.NOT_MANAGED,
+                         f"{name[:80]!r} is not a versioned-lora managed name", field="lora_name")
     try:
         check_lora_name(name, digest)
     except InvalidIdentity as exc:
-        code = "NAME_DIGEST_MISMATCH" if digest is not None and exc.part == "digest" else "INVALID_NAME"
+        digest_differs = digest is not None and exc.part == "digest"
+        code = EngineRefusal.NAME_DIGEST_MISMATCH if digest_differs else EngineRefusal.INVALID_NAME
         raise BadRequest(code, str(exc), field="lora_name") from exc
     return name
 
@@ -93,11 +104,12 @@ def confined_source(raw: str) -> Path:
         path = Path(raw).resolve(strict=True)
         entries = [entry.resolve(strict=True) for entry in path.iterdir()] if path.is_dir() else []
     except (OSError, RuntimeError, ValueError) as exc:
-        raise BadRequest("SOURCE_PATH_REFUSED", f"source_path cannot be read: {type(exc).__name__}",
+        raise BadRequest(EngineRefusal.SOURCE_PATH_REFUSED, f"source_path cannot be read: {type(exc).__name__}",
                          field="source_path") from exc
     inside = any(path.is_relative_to(root) and all(e.is_relative_to(root) for e in entries) for root in roots)
     if not path.is_dir() or not inside:
-        raise BadRequest("SOURCE_PATH_REFUSED", f"source_path must be a directory inside ${SOURCE_ROOT_ENV} "
+        raise BadRequest(EngineRefusal.SOURCE_PATH_REFUSED,
+                         f"source_path must be a directory inside ${SOURCE_ROOT_ENV} "
                          f"({os.pathsep.join(map(str, roots))}), symlinks resolved", field="source_path")
     return path
 
@@ -126,10 +138,12 @@ class ManagedAPI:
     def _authorize(self, body: dict[str, Any], action: capabilities.Action, name: str, reference: str) -> None:
         given = body.get("capability")
         if given is None:
-            raise BadRequest("CAPABILITY_MISSING", f"{action} of {name!r} needs the registry's capability", 403,
+            raise BadRequest(EngineRefusal.CAPABILITY_MISSING,
+                             f"{action} of {name!r} needs the registry's capability", 403,
                              field="capability")
         if not capabilities.verify(self.capability_key, given, action, name, reference):
-            raise BadRequest("CAPABILITY_INVALID", f"the capability is not the registry's for {action} of {name!r} "
+            raise BadRequest(EngineRefusal.CAPABILITY_INVALID,
+                             f"the capability is not the registry's for {action} of {name!r} "
                              f"under {reference!r}", 403, field="capability")
 
     async def init_group(self, body: dict[str, Any]) -> Any:
@@ -137,11 +151,15 @@ class ManagedAPI:
         concurrently. One group per engine incarnation, so one engine's death cannot break another's."""
         fields.only(body, _INIT_GROUP_FIELDS, "init_group")
         name = fields.string(body, "group_name", fields.TOKEN_RE, max_len=256)
-        if str(self.engine.incarnation) not in name:
-            raise BadRequest(
-                "STALE_INCARNATION", f"group {name!r} is not named for incarnation {self.engine.incarnation}", 409,
-                field="group_name",
-            )
+        named_for = transfer_group_incarnation(name)
+        if named_for is None:
+            raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
+                             f"field 'group_name' must be vlora-<incarnation>-<nonce>, got {name[:80]!r}",
+                             field="group_name")
+        if named_for != self.engine.incarnation:
+            raise BadRequest(Reason.STALE_INCARNATION,
+                             f"group {name!r} is named for incarnation {named_for}, not {self.engine.incarnation}",
+                             409, field="group_name")
         master_address = fields.string(body, "master_address", fields.HOST_RE, max_len=255)
         master_port = fields.integer(body, "master_port", 1, 65535)
         timeout_s = fields.number(body, "timeout_s", 0.0, MAX_WAIT_S, low_open=True)
@@ -149,7 +167,7 @@ class ManagedAPI:
                                    master_port=master_port, timeout_s=timeout_s)
         answer = await staging_channel.poll("poll_group", lambda a: a["state"] != "JOINING", timeout_s, name=name)
         if answer is None or answer["state"] != "READY":
-            raise BadRequest("GROUP_FAILED", f"transfer group {name!r} did not form: {answer}", status=502)
+            raise BadRequest(EngineRefusal.GROUP_FAILED, f"transfer group {name!r} did not form: {answer}", status=502)
         return {"group": name, "state": "READY"}
 
     async def begin(self, body: dict[str, Any]) -> Any:
@@ -159,12 +177,12 @@ class ManagedAPI:
         try:
             manifest = Manifest.from_json(fields.string(body, "manifest", max_len=MAX_BEGIN_BODY))
         except UnsupportedManifest as exc:  # a format version or hash kind this engine does not know
-            raise BadRequest("UNSUPPORTED_MANIFEST", str(exc)) from exc
+            raise BadRequest(EngineRefusal.UNSUPPORTED_MANIFEST, str(exc)) from exc
         except ManifestError as exc:
-            raise BadRequest("MALFORMED_MANIFEST", str(exc), field="manifest") from exc
+            raise BadRequest(EngineRefusal.MALFORMED_MANIFEST, str(exc), field="manifest") from exc
         digest = fields.string(body, "digest", fields.HEX64_RE, max_len=64)
         if manifest.digest != digest:
-            raise BadRequest("DIGEST_MISMATCH", f"manifest digest {manifest.digest} != declared {digest}",
+            raise BadRequest(EngineRefusal.DIGEST_MISMATCH, f"manifest digest {manifest.digest} != declared {digest}",
                              field="digest")
         name = _managed_name(body, digest)  # its digest part is the manifest's
         identity: dict[str, Any] = {
@@ -174,7 +192,6 @@ class ManagedAPI:
             "digest": digest,
             "manifest": manifest,
         }
-        self._check_resources(manifest, identity)
         source: StagingSource
         if "source_path" in body:
             path = confined_source(fields.string(body, "source_path", max_len=4096))
@@ -187,47 +204,54 @@ class ManagedAPI:
                 bucket_deadline_s=fields.number(body, "bucket_deadline_s", 0.0, MAX_WAIT_S,
                                                 default=DEFAULT_BUCKET_DEADLINE_S, low_open=True),
             )
+        self._check_resources(manifest, source)
         return await self.engine.begin(source)
 
     def _plan(self, body: dict[str, Any], manifest: Manifest) -> BucketPlan:
         max_bucket_bytes = body.get("max_bucket_bytes")
         if type(max_bucket_bytes) is int and not 0 < max_bucket_bytes <= MAX_BUCKET_BYTES:
-            raise BadRequest("BUCKET_TOO_LARGE", f"max_bucket_bytes {max_bucket_bytes} not in (0, {MAX_BUCKET_BYTES}]",
+            raise BadRequest(EngineRefusal.BUCKET_TOO_LARGE,
+                             f"max_bucket_bytes {max_bucket_bytes} not in (0, {MAX_BUCKET_BYTES}]",
                              field="max_bucket_bytes")
         max_bucket_bytes = fields.integer(body, "max_bucket_bytes", 1, MAX_BUCKET_BYTES)
         plan_digest = fields.string(body, "plan_digest", fields.HEX64_RE, max_len=64)
         try:
             plan = BucketPlan.build(manifest, max_bucket_bytes)
         except TransferError as exc:
-            raise BadRequest("BUCKET_TOO_LARGE", str(exc), field="max_bucket_bytes") from exc
+            raise BadRequest(EngineRefusal.BUCKET_TOO_LARGE, str(exc), field="max_bucket_bytes") from exc
         if plan.digest() != plan_digest:
-            raise BadRequest("PLAN_MISMATCH", "the publisher's bucket plan differs from the one rebuilt here",
+            raise BadRequest(EngineRefusal.PLAN_MISMATCH,
+                             "the publisher's bucket plan differs from the one rebuilt here",
                              field="plan_digest")
         return plan
 
-    def _check_resources(self, manifest: Manifest, identity: dict[str, Any]) -> None:
+    def _check_resources(self, manifest: Manifest, source: StagingSource) -> None:
         """PREPARED only if this engine can hold the candidate: a free pinned slot, a rank and target
-        modules the server was started for, and dtypes its LoRA loader takes."""
+        modules the server was started for, and dtypes its LoRA loader takes. Asked only of a begin the table
+        would stage (`ManagedEngine.opens_stash`): a replayed, stale or late begin gets the table's answer,
+        never NO_FREE_SLOT."""
         from sglang.srt.runtime_context import get_lora
 
-        adapter = self.engine.adapter(identity["lora_name"])
-        if adapter is not None and adapter.attempt_token == identity["attempt_token"]:
-            return  # a replayed begin: the table answers it
+        if not self.engine.opens_stash(source):
+            return
         lora = get_lora()
         config = manifest.serving_config
         if int(config.get("r", 0)) > int(lora.max_lora_rank or 0):
-            raise BadRequest("UNSUPPORTED_ADAPTER", f"rank {config.get('r')} > max_lora_rank {lora.max_lora_rank}")
+            raise BadRequest(EngineRefusal.UNSUPPORTED_ADAPTER,
+                             f"rank {config.get('r')} > max_lora_rank {lora.max_lora_rank}")
         served = set(lora.lora_target_modules or ())
         wanted = config.get("target_modules") or ()
         wanted = {wanted} if isinstance(wanted, str) else set(wanted)  # a regex string names no module set
         if served and "all" not in served and not wanted <= served:
-            raise BadRequest("UNSUPPORTED_ADAPTER", f"target modules {sorted(wanted - served)} not served here")
+            raise BadRequest(EngineRefusal.UNSUPPORTED_ADAPTER,
+                             f"target modules {sorted(wanted - served)} not served here")
         dtypes = {entry.dtype for entry in manifest.tensors}
         if not dtypes <= SUPPORTED_DTYPES:
-            raise BadRequest("UNSUPPORTED_ADAPTER", f"dtypes {sorted(dtypes - SUPPORTED_DTYPES)} not supported")
+            raise BadRequest(EngineRefusal.UNSUPPORTED_ADAPTER,
+                             f"dtypes {sorted(dtypes - SUPPORTED_DTYPES)} not supported")
         if lora.max_loaded_loras is not None and self.engine.staging_reservations() >= lora.max_loaded_loras - 1:
             # One slot stays free for the stock path (RFC: 2 pinned managed + 1 free of 3).
-            raise BadRequest("NO_FREE_SLOT", "every managed slot on this engine is taken", status=409)
+            raise BadRequest(EngineRefusal.NO_FREE_SLOT, "every managed slot on this engine is taken", status=409)
 
     async def receive_bucket(self, body: dict[str, Any]) -> Any:
         fields.only(body, _BUCKET_FIELDS, "receive_bucket")
@@ -265,7 +289,8 @@ class ManagedAPI:
         fields.only(body, _HOLD_FIELDS, "test_hold")
         point = fields.string(body, "point", fields.TOKEN_RE, max_len=16)
         if point not in hold_points.POINTS:
-            raise BadRequest("MALFORMED_REQUEST", f"field 'point' must be one of {list(hold_points.POINTS)}",
+            raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
+                             f"field 'point' must be one of {list(hold_points.POINTS)}",
                              field="point")
         if fields.boolean(body, "release", default=False):
             hold_points.HOLDS.release(point)
@@ -336,18 +361,20 @@ def install(app: Any, engine: ManagedEngine) -> None:
 
     def refusal(path: str, status: int, error: dict[str, Any]) -> Any:
         # Counted for /metrics (managed/metrics.py): the endpoint is one of the fixed routes below.
-        metrics.count_refusal(path.rsplit("/", 1)[-1], error.get("reason", "OTHER"))
+        metrics.count_refusal(path.rsplit("/", 1)[-1], error.get("reason"))
         return envelope(status, error=error)
 
     def route(
         handler: Callable[[dict[str, Any]], Any], max_body: int = MAX_CONTROL_BODY
     ) -> Callable[[Request], Awaitable[Any]]:
         def too_large(path: str, size: int) -> Any:
-            return refusal(path, 413, {"reason": "BODY_TOO_LARGE", "message": f"{size} bytes > {max_body}"})
+            return refusal(path, 413,
+                           {"reason": EngineRefusal.BODY_TOO_LARGE, "message": f"{size} bytes > {max_body}"})
 
         async def endpoint(request: Request) -> Any:
             if not token_matches(request.headers.get(TOKEN_HEADER, ""), secret):
-                return refusal(request.url.path, 401, {"reason": "UNAUTHORIZED", "message": "bad or missing token"})
+                return refusal(request.url.path, 401,
+                               {"reason": EngineRefusal.UNAUTHORIZED, "message": "bad or missing token"})
             declared = request.headers.get("content-length", "")
             if declared.isdigit() and int(declared) > max_body:  # refused before reading it
                 return too_large(request.url.path, int(declared))
@@ -360,7 +387,8 @@ def install(app: Any, engine: ManagedEngine) -> None:
 
                 body = orjson.loads(raw or b"{}")
                 if not isinstance(body, dict):
-                    raise BadRequest("MALFORMED_REQUEST", f"body must be a JSON object, got {type(body).__name__}")
+                    raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
+                                     f"body must be a JSON object, got {type(body).__name__}")
                 result = handler(body)
                 if isinstance(result, Awaitable):
                     result = await result
@@ -375,16 +403,17 @@ def install(app: Any, engine: ManagedEngine) -> None:
             except EngineOperationError as exc:
                 return refusal(request.url.path, 500, {"reason": exc.code, "message": str(exc)})
             except StagingFailed as exc:
-                return refusal(request.url.path, 504 if exc.code == "BUCKET_DEADLINE" else 502,
+                return refusal(request.url.path, 504 if exc.code == EngineRefusal.BUCKET_DEADLINE else 502,
                                {"reason": exc.code, "message": str(exc)})
             except SchedulerCallFailed as exc:
-                return refusal(request.url.path, 500, {"reason": "SCHEDULER_CALL_FAILED", "message": str(exc)})
+                return refusal(request.url.path, 500,
+                               {"reason": EngineRefusal.SCHEDULER_CALL_FAILED, "message": str(exc)})
             except ValueError as exc:  # orjson.JSONDecodeError is a ValueError: not JSON, NaN, non-UTF-8, too deep
-                return refusal(request.url.path, 400, {"reason": "MALFORMED_REQUEST", "message": str(exc)})
+                return refusal(request.url.path, 400, {"reason": EngineRefusal.MALFORMED_REQUEST, "message": str(exc)})
             except Exception as exc:  # a bug: still a typed answer, never a raw traceback past the handler
                 logger.exception("versioned-lora managed endpoint %s failed", request.url.path)
                 return refusal(request.url.path, 500,
-                               {"reason": "INTERNAL_ERROR", "message": f"{type(exc).__name__}: {exc}"})
+                               {"reason": EngineRefusal.INTERNAL_ERROR, "message": f"{type(exc).__name__}: {exc}"})
             return envelope(200, result=_to_json(result), adapter=_adapter_view(engine, body))
 
         return endpoint

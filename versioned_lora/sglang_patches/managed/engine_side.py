@@ -45,8 +45,8 @@ from versioned_lora.spec.events import (
     ReclaimAdapter,
     ReleaseRequest,
 )
-from versioned_lora.spec.model import ManagedAdapter
-from versioned_lora.spec.states import AdapterState
+from versioned_lora.spec.model import SLOT_HOLDING_ADAPTER_STATES, ManagedAdapter
+from versioned_lora.spec.wire import EngineRefusal
 
 logger = logging.getLogger(__name__)
 
@@ -66,7 +66,7 @@ class ProtocolRefusal(Exception):
 class EngineOperationError(Exception):
     """SGLang failed an operation the protocol asked for (a load or unload); typed for the caller."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: EngineRefusal, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
 
@@ -75,7 +75,7 @@ class CandidateRefused(Exception):
     """The engine refused a candidate it had loaded (its probe came back non-finite) and cleaned it again;
     typed for the caller (`code`)."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: EngineRefusal, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
 
@@ -114,13 +114,14 @@ class ManagedEngine:
         return self.state.adapters.get(name)
 
     def unavailable_state(self, name: str) -> str | None:
-        """None if requests may acquire `name` now, else the reason to show."""
-        adapter = self.adapter(name)
-        if adapter is None:
-            return "not loaded"
-        if adapter.state is AdapterState.READY:
+        """None if the table would let a request acquire `name` now, else the state to show. The guard in
+        front of SGLang's own lookup asks the very row the acquire itself steps (`acquire.ready` or
+        `acquire.unavailable`), by a dry run of the pure step: the state is not changed."""
+        _state, result, _effects = engine_step(self.state, AcquireRequest(name))
+        if not isinstance(result, Rejected):
             return None
-        return str(adapter.state)
+        adapter = self.adapter(name)
+        return "not loaded" if adapter is None else str(adapter.state)
 
     # ---------------------------------------------------------------- native refcount mirror
     def on_acquired(self, name: str) -> Rejected | None:
@@ -133,11 +134,21 @@ class ManagedEngine:
             self.step(ReleaseRequest(name))
 
     # ---------------------------------------------------------------- staging
+    @staticmethod
+    def begin_event(source: StagingSource) -> BeginStaging:
+        return BeginStaging(source.lora_name, source.attempt_token, source.incarnation, source.digest,
+                            source.bucket_count)
+
+    def opens_stash(self, source: StagingSource) -> bool:
+        """Whether the table would open a new stash for this begin (`AllocateStash`: `begin.absent`,
+        `begin.new_after_cleanup`): only such a begin needs a free slot. Any other begin is the table's to
+        answer (a replay, STALE_ATTEMPT, STALE_INCARNATION) whatever the slots. A dry run of the pure step: the
+        state is not changed."""
+        _state, _result, effects = engine_step(self.state, self.begin_event(source))
+        return any(isinstance(effect, AllocateStash) for effect in effects)
+
     async def begin(self, source: StagingSource) -> Any:
-        result, effects = self.step_or_refuse(
-            BeginStaging(source.lora_name, source.attempt_token, source.incarnation, source.digest,
-                         source.bucket_count)
-        )
+        result, effects = self.step_or_refuse(self.begin_event(source))
         for effect in effects:
             if isinstance(effect, AllocateStash):
                 self.sources[(source.lora_name, source.attempt_token)] = source
@@ -146,8 +157,7 @@ class ManagedEngine:
 
     def staging_reservations(self) -> int:
         """Managed adapters that hold or will hold a pinned slot on this engine."""
-        holding = {AdapterState.STAGING, AdapterState.READY, AdapterState.UNREGISTERED, AdapterState.DRAINING}
-        return sum(1 for adapter in self.state.adapters.values() if adapter.state in holding)
+        return sum(1 for adapter in self.state.adapters.values() if adapter.state in SLOT_HOLDING_ADAPTER_STATES)
 
     async def receive_bucket(self, name: str, attempt_token: str, incarnation: int, index: int) -> Any:
         result, effects = self.step_or_refuse(ReceiveBucket(name, attempt_token, incarnation, index))
@@ -185,7 +195,7 @@ class ManagedEngine:
             await asyncio.sleep(0.01)
         _, effects = self.step_or_refuse(CleanupAttempt(name, attempt_token))
         await self._run_effects(effects, attempt_token)
-        raise CandidateRefused("PROBE_NOT_FINITE", f"probe of {name!r} gave logprob {probe['logprob']} "
+        raise CandidateRefused(EngineRefusal.PROBE_NOT_FINITE, f"probe of {name!r} gave logprob {probe['logprob']} "
                                f"(token {probe['token_id']}); the candidate was cleaned")
 
     async def cleanup(self, name: str, attempt_token: str) -> Any:
@@ -241,7 +251,7 @@ class ManagedEngine:
         await hold_points.HOLDS.reach("load", name)
         output = await self.sources[(name, attempt_token)].load(self._stock_loads)
         if not output.success:
-            raise EngineOperationError("LOAD_FAILED", output.error_message or "load failed")
+            raise EngineOperationError(EngineRefusal.LOAD_FAILED, output.error_message or "load failed")
         lora_id = self.tm.lora_registry._registry[name].lora_id
         self.loaded[name] = LoadedInstance(lora_id=lora_id, loaded_at=time.time())
         self.names_by_lora_id[lora_id] = name
@@ -272,7 +282,7 @@ class ManagedEngine:
             )
         failed = [r.error_message for r in results if not r.success]
         if failed:
-            raise EngineOperationError("UNLOAD_FAILED", "; ".join(str(f) for f in failed))
+            raise EngineOperationError(EngineRefusal.UNLOAD_FAILED, "; ".join(str(f) for f in failed))
         audit.COUNTS["physical_unload"] += 1
         audit.COUNTS[f"physical_unload:{name}"] += 1
 

@@ -13,6 +13,8 @@ import re
 from collections.abc import Collection, Mapping
 from typing import Any
 
+from versioned_lora.spec.wire import EngineCode, EngineRefusal
+
 # Tokens, ids and names the protocol mints are short printable ASCII; nothing a client sends reaches a
 # path, shell or log as anything but text.
 TOKEN_RE = re.compile(r"[A-Za-z0-9@._:-]{1,256}")
@@ -24,7 +26,7 @@ INT64_MAX = 2**63 - 1
 class BadRequest(Exception):
     """A request refused before anything was read from it: `code` is the typed reason, `field` the field."""
 
-    def __init__(self, code: str, message: str, status: int = 400, field: str | None = None) -> None:
+    def __init__(self, code: EngineCode, message: str, status: int = 400, field: str | None = None) -> None:
         super().__init__(message)
         self.code = code
         self.status = status
@@ -35,14 +37,14 @@ class BadRequest(Exception):
 
 
 def _malformed(name: str, rule: str) -> BadRequest:
-    return BadRequest("MALFORMED_REQUEST", f"field {name!r} {rule}", field=name)
+    return BadRequest(EngineRefusal.MALFORMED_REQUEST, f"field {name!r} {rule}", field=name)
 
 
 def only(body: Mapping[str, Any], allowed: Collection[str], where: str = "request") -> None:
     """Refuse any field not in `allowed` (sorted, so the first named is deterministic)."""
     unknown = sorted(str(key) for key in body if key not in allowed)
     if unknown:
-        raise BadRequest("UNKNOWN_FIELD", f"field {unknown[0]!r} is not accepted by this {where} "
+        raise BadRequest(EngineRefusal.UNKNOWN_FIELD, f"field {unknown[0]!r} is not accepted by this {where} "
                          f"(accepted: {sorted(allowed)})", field=unknown[0])
 
 
@@ -99,6 +101,6 @@ def token_ids(value: object, name: str, vocab_size: int, max_len: int) -> list[i
         if type(token) is not int:
             raise _malformed(name, f"[{index}] must be an integer token id, got {type(token).__name__}")
         if not 0 <= token < vocab_size:
-            raise BadRequest("TOKEN_OUT_OF_VOCAB", f"field {name!r}[{index}] = {token} is outside the "
+            raise BadRequest(EngineRefusal.TOKEN_OUT_OF_VOCAB, f"field {name!r}[{index}] = {token} is outside the "
                              f"vocabulary [0, {vocab_size})", field=name)
     return value

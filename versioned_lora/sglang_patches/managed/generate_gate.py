@@ -26,6 +26,7 @@ from versioned_lora.sglang_patches.managed import fields, hold_points, metrics
 from versioned_lora.sglang_patches.managed.fields import BadRequest
 from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.mechanism import replace_attribute
+from versioned_lora.spec.wire import EngineRefusal
 
 PATCH_SET = "managed"
 
@@ -82,13 +83,15 @@ def check_cache_keys(lora_path: object, extra_key: object, cache_salt: object, l
     if any(is_managed_name(name) for name in names):
         for field_name, value in (("extra_key", extra_key), ("cache_salt", cache_salt)):
             if value not in (None, "", []):
-                raise BadRequest("CACHE_KEY_REFUSED", f"field {field_name!r} is not accepted on a request naming a "
+                raise BadRequest(EngineRefusal.CACHE_KEY_REFUSED,
+                                 f"field {field_name!r} is not accepted on a request naming a "
                                  f"managed version: its KV namespace is the version's own", field=field_name)
     keys = extra_key if isinstance(extra_key, list) else [extra_key]
     managed_ids = limits.managed_lora_ids()
     for key in keys:
         if isinstance(key, str) and key and any(lora_id in key for lora_id in managed_ids):
-            raise BadRequest("CACHE_KEY_REFUSED", "field 'extra_key' names a managed version's KV namespace",
+            raise BadRequest(EngineRefusal.CACHE_KEY_REFUSED,
+                             "field 'extra_key' names a managed version's KV namespace",
                              field="extra_key")
 
 
@@ -105,7 +108,8 @@ def _per_request(body: Mapping[str, Any], name: str, batch: int | None) -> list[
     value = body[name]
     if batch is not None and type(value) is list:
         if len(value) != batch:
-            raise BadRequest("MALFORMED_REQUEST", f"field {name!r} has {len(value)} entries for {batch} requests",
+            raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
+                             f"field {name!r} has {len(value)} entries for {batch} requests",
                              field=name)
         return value
     return [value]
@@ -113,7 +117,7 @@ def _per_request(body: Mapping[str, Any], name: str, batch: int | None) -> list[
 
 def _check_sampling(params: object, limits: Limits) -> None:
     if type(params) is not dict:
-        raise BadRequest("MALFORMED_REQUEST", f"field 'sampling_params' must be an object, got "
+        raise BadRequest(EngineRefusal.MALFORMED_REQUEST, f"field 'sampling_params' must be an object, got "
                          f"{type(params).__name__}", field="sampling_params")
     fields.only(params, ALLOWED_SAMPLING, "/generate's sampling_params")
     context = limits.context_len
@@ -140,10 +144,11 @@ def _check_sampling(params: object, limits: Limits) -> None:
 def check_body(body: object, limits: Limits) -> None:
     """Raises BadRequest naming the first field outside what a managed engine's /generate takes."""
     if type(body) is not dict:
-        raise BadRequest("MALFORMED_REQUEST", f"body must be a JSON object, got {type(body).__name__}")
+        raise BadRequest(EngineRefusal.MALFORMED_REQUEST, f"body must be a JSON object, got {type(body).__name__}")
     fields.only(body, ALLOWED_FIELDS, "/generate")
     if "input_ids" not in body:
-        raise BadRequest("MALFORMED_REQUEST", "field 'input_ids' is required (these engines skip the tokenizer)",
+        raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
+                         "field 'input_ids' is required (these engines skip the tokenizer)",
                          field="input_ids")
     batch = _batch_size(body)
     max_prompt = limits.context_len - 1
@@ -151,7 +156,8 @@ def check_body(body: object, limits: Limits) -> None:
         fields.token_ids(body["input_ids"], "input_ids", limits.vocab_size, max_prompt)
     else:
         if batch > MAX_BATCH:
-            raise BadRequest("MALFORMED_REQUEST", f"field 'input_ids' holds {batch} requests, at most {MAX_BATCH}",
+            raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
+                             f"field 'input_ids' holds {batch} requests, at most {MAX_BATCH}",
                              field="input_ids")
         for prompt in body["input_ids"]:
             fields.token_ids(prompt, "input_ids", limits.vocab_size, max_prompt)
@@ -161,7 +167,7 @@ def check_body(body: object, limits: Limits) -> None:
     if "lora_path" in body:
         for path in _per_request(body, "lora_path", batch):
             if path is not None and (type(path) is not str or not 0 < len(path) <= MAX_LORA_PATH_LEN):
-                raise BadRequest("MALFORMED_REQUEST", f"field 'lora_path' must be null or a name of 1.."
+                raise BadRequest(EngineRefusal.MALFORMED_REQUEST, f"field 'lora_path' must be null or a name of 1.."
                                  f"{MAX_LORA_PATH_LEN} characters", field="lora_path")
     if "rid" in body:
         for rid in _per_request(body, "rid", batch):
@@ -209,7 +215,7 @@ def install(limits: Callable[[], Limits]) -> None:
             metrics.count_refusal("generate", exc.code)
             return exc.payload()
         stock = stock_contract(body)
-        return None if stock is None else {"reason": "MALFORMED_REQUEST", "message": str(stock)}
+        return None if stock is None else {"reason": EngineRefusal.MALFORMED_REQUEST, "message": str(stock)}
 
     # http_server.generate_request calls the name from its module namespace at request time.
     replace_attribute(PATCH_SET, http_server, "generate_contract_error", contract_error,

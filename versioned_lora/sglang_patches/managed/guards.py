@@ -15,6 +15,8 @@ from typing import Any
 
 from versioned_lora.sglang_patches.mechanism import replace_attribute
 from versioned_lora.spec.identities import LORA_NAME_PREFIX
+from versioned_lora.spec.reasons import Reason
+from versioned_lora.spec.wire import EngineRefusal
 
 PATCH_SET = "managed"
 
@@ -32,9 +34,9 @@ class ManagedVersionUnavailable(ValueError):
     def __init__(self, name: str, state: str) -> None:
         from versioned_lora.sglang_patches.managed import metrics
 
-        metrics.count_refusal("generate", "VERSION_UNAVAILABLE")  # raised once per refused request
+        metrics.count_refusal("generate", Reason.VERSION_UNAVAILABLE)  # raised once per refused request
         super().__init__(
-            f"VERSION_UNAVAILABLE: managed LoRA version {name!r} is {state} on this engine; it is never "
+            f"{Reason.VERSION_UNAVAILABLE}: managed LoRA version {name!r} is {state} on this engine; it is never "
             f"reloaded implicitly and requests are not rerouted to another version"
         )
 
@@ -45,8 +47,8 @@ def _refusal(operation: str, name: str) -> Any:
     return LoRAUpdateOutput(
         success=False,
         error_message=(
-            f"MANAGED_ADAPTER: {name!r} is a versioned-lora managed adapter; {operation} through SGLang's "
-            f"ordinary LoRA endpoints is refused (use the versioned-lora publication and reclaim protocol)"
+            f"{EngineRefusal.MANAGED_ADAPTER}: {name!r} is a versioned-lora managed adapter; {operation} through "
+            f"SGLang's ordinary LoRA endpoints is refused (use the versioned-lora publication and reclaim protocol)"
         ),
     )
 

@@ -25,7 +25,7 @@ import os
 from typing import Any
 
 from versioned_lora.sglang_patches.managed.fields import BadRequest
-from versioned_lora.spec.wire import TEST_HOLD_POINTS_ENV
+from versioned_lora.spec.wire import TEST_HOLD_POINTS_ENV, EngineRefusal
 
 ENV = TEST_HOLD_POINTS_ENV
 HOLDS_AT = ("load", "probe", "unload")
@@ -46,7 +46,8 @@ class HoldPoints:
 
     def _require_enabled(self) -> None:
         if not self.enabled:
-            raise BadRequest("HOLD_POINTS_DISABLED", f"this engine was not started with {ENV}=1", 403, field="point")
+            raise BadRequest(EngineRefusal.HOLD_POINTS_DISABLED,
+                             f"this engine was not started with {ENV}=1", 403, field="point")
 
     def arm(self, point: str, name: str) -> None:
         self._require_enabled()

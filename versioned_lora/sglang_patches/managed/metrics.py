@@ -27,20 +27,19 @@ from typing import Any
 
 from versioned_lora.sglang_patches.mechanism import replace_attribute
 from versioned_lora.spec.identities import InvalidIdentity, parse_lora_name
+from versioned_lora.spec.model import SLOT_HOLDING_ADAPTER_STATES
 from versioned_lora.spec.states import AdapterState
+from versioned_lora.spec.wire import ENGINE_CODES, OTHER_CODE
 
 PATCH_SET = "managed"
-HELD_STATES = ("READY", "STAGING", "DRAINING", "UNREGISTERED")
-MAX_REASON_LEN = 64  # a reason is a fixed code; anything longer is not one and is folded into OTHER
 
 _refusals: Counter[tuple[str, str]] = Counter()
 _lock = threading.Lock()
 
 
 def count_refusal(endpoint: str, reason: object) -> None:
-    code = str(reason)
-    if len(code) > MAX_REASON_LEN or not re.fullmatch(r"[A-Z0-9_]+", code):
-        code = "OTHER"
+    # The label is one of the engine's codes (spec.wire.ENGINE_CODES) or OTHER: bounded by construction.
+    code = str(reason) if str(reason) in ENGINE_CODES else OTHER_CODE
     with _lock:
         _refusals[(endpoint, code)] += 1
 
@@ -71,7 +70,7 @@ class ManagedCollector:
                                  "SGLang's native request refcount of each managed adapter still held",
                                  labels=["version"])
         for adapter in adapters:
-            if adapter["state"] in HELD_STATES:
+            if adapter["state"] in SLOT_HOLDING_ADAPTER_STATES:
                 refs.add_metric([_version_id(adapter["name"])], adapter["native_refcount"])
         yield refs
         refused = CounterMetricFamily("versioned_lora_engine_refusals",
@@ -86,7 +85,7 @@ def _version_id(name: str) -> str:
     try:
         return parse_lora_name(name).version_id
     except InvalidIdentity:
-        return "OTHER"
+        return OTHER_CODE
 
 
 def install(managed_status: Callable[[], dict[str, Any]]) -> None:

@@ -23,8 +23,9 @@ from typing import Any
 import orjson
 
 from versioned_lora.sglang_patches.managed import metrics
+from versioned_lora.spec.wire import EngineRefusal
 
-REASON = "ROUTE_NOT_SERVED"
+REASON = EngineRefusal.ROUTE_NOT_SERVED
 # The generation routes of sglang 0.5.23's http_server besides /generate (read from its @app decorators;
 # the patch mechanism refuses any other SGLang version). /v1/models and /v1/models/{model} stay open.
 _REFUSED_EXACT = frozenset({"/encode", "/classify", "/invocations"})

@@ -35,6 +35,7 @@ from versioned_lora.adapters.transfer import (
 )
 from versioned_lora.sglang_patches.managed import staging_channel
 from versioned_lora.sglang_patches.mechanism import replace_attribute
+from versioned_lora.spec.wire import EngineRefusal
 
 logger = logging.getLogger(__name__)
 
@@ -284,7 +285,7 @@ def install() -> None:
         try:
             tensors, config = store().verified(bytes(recv_req.serialized_named_tensors[0]).decode())
         except (StashNotVerified, IndexError, UnicodeDecodeError) as exc:
-            return LoRAUpdateOutput(success=False, error_message=f"STASH_NOT_VERIFIED: {exc}")
+            return LoRAUpdateOutput(success=False, error_message=f"{EngineRefusal.STASH_NOT_VERIFIED}: {exc}")
         return self.model_runner.load_lora_adapter_from_tensors(recv_req.to_ref(), tensors, config, None)
 
     replace_attribute(PATCH_SET, TpModelWorker, "load_lora_adapter_from_tensors", load_lora_adapter_from_tensors,

@@ -29,6 +29,7 @@ import attrs
 from versioned_lora.adapters.manifest import Manifest, ManifestError
 from versioned_lora.sglang_patches.managed import staging_channel
 from versioned_lora.sglang_patches.managed.scheduler_side import STASH_LOAD_FORMAT
+from versioned_lora.spec.wire import EngineRefusal
 
 
 @attrs.frozen
@@ -123,7 +124,7 @@ class DiskSource:
 class StagingFailed(Exception):
     """A bucket missed its deadline or its collective failed; typed for the caller."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: EngineRefusal, message: str) -> None:
         super().__init__(f"{code}: {message}")
         self.code = code
 
@@ -159,9 +160,10 @@ class DistributedSource:
             # Dropping the group releases the pending receive (gloo) and makes the publisher's send
             # fail fast; a later attempt re-creates the group.
             await staging_channel.call("drop_group", name=self.group_name)
-            raise StagingFailed("BUCKET_DEADLINE", f"bucket {index} did not arrive within {self.bucket_deadline_s}s")
+            raise StagingFailed(EngineRefusal.BUCKET_DEADLINE,
+                                f"bucket {index} did not arrive within {self.bucket_deadline_s}s")
         if answer["state"] != "STASHED":
-            raise StagingFailed("BUCKET_FAILED", f"bucket {index}: {answer}")
+            raise StagingFailed(EngineRefusal.BUCKET_FAILED, f"bucket {index}: {answer}")
 
     async def verify(self) -> Verdict:
         await staging_channel.call("start_verify", attempt=self.attempt_token, digest=self.digest)
