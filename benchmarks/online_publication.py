@@ -1,7 +1,7 @@
 """Online publication benchmark (issue 9, RFC §7.3): managed publication vs today's pause-and-overwrite.
 
-Same engines, same closed-loop agentic traffic (the demo's: `--concurrency` sessions with tool turns),
-no fault injection, two modes:
+Same engines, the same agentic sessions (the demo's: tool turns between generations), no fault injection,
+two modes:
 
 - managed: `Publisher.publish` of a new immutable version while sessions keep running; sessions bound to
   the old version finish on it, then it is reclaimed (outside the measured windows, traffic running);
@@ -9,11 +9,23 @@ no fault injection, two modes:
   /unload_lora_adapter + /load_lora_adapter of the same unmanaged name -> /continue_generation, on both
   engines; every request carries that one fixed name.
 
-Design, fixed before the run (printed first): pairs of (steady window, publication window) of
-`--window` seconds each, the publication starting `--offset` seconds into its window; `--pairs` pairs per
-mode, modes alternating pair by pair (M, B, M, B, ...); before every pair the traffic of that mode runs a
-`--warmup` that is discarded (this also discards the cold period after every baseline flush, since the
-next baseline steady window comes after a warm-up). Per window: throughput (output tokens generated in the
+Two methods (`--method`); the design of each is fixed before the run and printed first.
+
+- open-loop (the default, and the figures; issue 22 part 6): sessions arrive on one seeded arrival schedule
+  (`--rate` Poisson arrivals drawn once from `--seed`, truncated to one `--window` period), repeated period
+  after period: every window is offered the same requests at the same offsets, so the steady window of a
+  pair is a like-for-like baseline for its publication window. A closed-loop run cannot resolve a 1% effect:
+  its workers slow down with the engine, and its windows moved between 25 and 57 tokens/s on a quiet host
+  (tput_ratio 0.749 [0.554, 1.309]). Many short pairs (default 30 per mode, 3 s windows); per pair and mode,
+  one period of that mode's traffic is discarded (mode switch, the cold cache after a baseline flush), then
+  the steady window, then the publication window with the publication at the pair's seeded offset (the
+  same for both modes of a pair). Reclaim, floor and candidate preparation run between pairs, without
+  traffic.
+- closed-loop (descriptive): pairs of (steady window, publication window) of `--window` seconds each, the
+  publication starting `--offset` seconds into its window; `--pairs` pairs per mode, and before every pair
+  the traffic of that mode runs a `--warmup` that is discarded.
+
+Both: modes alternate pair by pair (M, B, M, B, ...). Per window: throughput (output tokens generated in the
 window, `generated_tokens`, and completed requests per second), latency p50/p95/p99, longest
 no-progress interval per engine (chunk arrival times of one streamed generation kept in flight per
 engine), failed/aborted requests, cached-token rate of continuing turns, managed versions held, and the
@@ -24,10 +36,10 @@ The publication floor is measured in the same run, under managed traffic, betwee
 transfer of the same buckets + one stock native load from the same tensors + the probe (see
 `versioned_lora.demo.floor`).
 
-Not a test: nothing is asserted. Last line:
-    tput_ratio=… p95_ratio=… gap_ratio=… failed=… aborted=… pauses=… publish_s=… floor_ratio=…
+Not a test: nothing is asserted. Last line (tput_ci: the 95% interval of tput_ratio):
+    tput_ratio=… p95_ratio=… gap_ratio=… failed=… aborted=… pauses=… publish_s=… floor_ratio=… tput_ci=lo,hi
 
-    python benchmarks/online_publication.py [--quick] [--out runs/bench]
+    python benchmarks/online_publication.py [--method open-loop|closed-loop] [--quick] [--out runs/bench]
         [--engines URL0,URL1 --token T --capability-key-file K]
 """
 
@@ -55,7 +67,9 @@ from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.report import jsonable
 from versioned_lora.demo.stack import PROBE_PROMPT, Stack, ensure_ray, new_token, start_engines
 from versioned_lora.demo.traffic import (
+    ArrivalSchedule,
     ClosedLoopTraffic,
+    OpenLoopTraffic,
     ProgressMonitor,
     RecordingBackend,
     RegistrySampler,
@@ -71,6 +85,7 @@ from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse
 from versioned_lora.runtime.session_binder import Binding, CloseReport
 
 FIXED_NAME = "policy-fixed"  # the one unmanaged name the baseline overwrites (Relax's fixed adapter name)
+DESIGN_KEYS = ("method", "window", "offset", "warmup", "pairs", "concurrency", "rate", "seed")
 AUDITED = ("pause_generation", "flush_cache", "abort_all", "continue_generation", "base_weight_update")
 
 
@@ -236,6 +251,15 @@ class Bench:
         driver = AgenticDriver(binder, tool=tool_with_latency(self.shape.tool_latency_s))
         return ClosedLoopTraffic(driver, self.shape, name=f"{mode[0]}{len(self.windows)}-", seed=len(self.windows))
 
+    def open_traffic(self, mode: str, schedule: ArrivalSchedule) -> OpenLoopTraffic:
+        if mode == "managed":
+            self.shard += 1
+            binder: Any = self.stack.new_binder(self.recorder, shard=self.shard)
+        else:
+            binder = FixedNameBinder(self.recorder, self.stack.epoch)
+        driver = AgenticDriver(binder, tool=tool_with_latency(self.shape.tool_latency_s))
+        return OpenLoopTraffic(driver, self.shape, schedule, name=f"{mode[0]}{len(self.windows)}-")
+
     def next_candidate(self) -> tuple[VersionKey, Candidate]:
         """The next version, frozen with its probe reference the way a trainer prepares one before publishing
         it: before the window opens, so that CPU work (a snapshot hash and a PEFT forward on this process's
@@ -316,6 +340,73 @@ class Bench:
             self._pending_reclaim = publication["previous"]
         return window
 
+    async def window_at(self, mode: str, kind: str, pair: int, start: float, offset: float,
+                        prepared: tuple[VersionKey, Candidate] | None) -> Window:
+        """The open-loop method's window: [start, start + window), aligned with the arrival schedule's
+        period; a publication window publishes `offset` seconds in (the managed candidate prepared before the
+        traffic started)."""
+        await asyncio.sleep(max(0.0, start - time.monotonic()))
+        audit = await self.audit_total()
+        window = Window(mode, kind, pair, start, start + self.args.window)
+        publication: dict[str, Any] | None = None
+        if kind == "publication":
+            await asyncio.sleep(max(0.0, start + offset - time.monotonic()))
+            publication = await (self.publish_managed(prepared) if prepared is not None else self.publish_baseline())
+            publication["start"] -= self.t0
+            publication["pair"] = pair
+            publication["offset_s"] = offset
+            self.publications.append(publication)
+        await asyncio.sleep(max(0.0, window.end - time.monotonic()))
+        after = await self.audit_total()
+        window.audit = {k: after[k] - audit[k] for k in AUDITED}
+        window.managed_max = max((s.managed for s in self.sampler.samples if start <= s.t <= window.end), default=0)
+        self.windows.append(window)
+        if publication is not None and publication.get("previous") is not None:
+            self._pending_reclaim = publication["previous"]
+        return window
+
+    async def run_open_loop(self, raw: RawTransferFloor | None) -> None:
+        """Per pair and mode (modes alternating pair by pair): open-loop traffic on the one seeded schedule,
+        period 0 discarded (warm-up, and the cold cache after a baseline flush), period 1 the steady window,
+        period 2 the publication window with the publication at the pair's seeded offset (the same for both
+        modes of a pair). Everything else (reclaim, floor, candidate preparation) happens between pairs,
+        outside the traffic."""
+        args = self.args
+        schedule = ArrivalSchedule.seeded(args.window, args.rate, args.seed)
+        self.schedule = schedule
+        offsets = random.Random(args.seed + 1)
+        floors_left = args.floors
+        for pair in range(args.pairs):
+            offset = offsets.uniform(0.1, 0.6) * args.window
+            for mode in ("managed", "baseline") if pair % 2 == 0 else ("baseline", "managed"):
+                prepared = self.next_candidate() if mode == "managed" else None
+                traffic = self.open_traffic(mode, schedule)
+                t0 = time.monotonic() + 0.05
+                traffic.start(t0)
+                for period, kind in ((1, "steady"), (2, "publication")):
+                    w = await self.window_at(mode, kind, pair, t0 + period * args.window, offset, prepared)
+                    print(f"  {mode:8s} pair {pair} {kind:11s} done; audit {w.audit}", flush=True)
+                traffic.stop()
+                await traffic.join()
+                self.transcripts = getattr(self, "transcripts", []) + traffic.transcripts
+                if mode == "managed":
+                    pending, self._pending_reclaim = self._pending_reclaim, None
+                    await self.reclaim_previous(pending)
+                    if self._pending_reclaim is not None:  # not yet RECLAIMED: the next publication needs the slot
+                        pending, self._pending_reclaim = self._pending_reclaim, None
+                        await self.reclaim_previous(pending)
+                    if raw is not None and floors_left > 0:
+                        floors_left -= 1
+                        await self._floor(raw)
+
+    async def _floor(self, raw: RawTransferFloor) -> None:
+        try:
+            await self.measure_floor(raw)
+            print(f"  floor: {json.dumps(jsonable(self.floors[-1]))}", flush=True)
+        except Exception as exc:  # a floor that could not be measured is reported, not fatal
+            self.floor_errors.append(f"{type(exc).__name__}: {exc}"[:500])
+            print(f"  floor measurement failed: {self.floor_errors[-1]}", flush=True)
+
     async def run(self) -> None:
         stack, args = self.stack, self.args
         self.t0 = time.monotonic()
@@ -334,6 +425,9 @@ class Bench:
         self.monitor.start()
         floors_left = args.floors
         try:
+            if args.method == "open-loop":
+                await self.run_open_loop(raw)
+                return
             for pair in range(args.pairs):
                 for mode in ("managed", "baseline") if pair % 2 == 0 else ("baseline", "managed"):
                     traffic = self.traffic(mode)
@@ -347,12 +441,7 @@ class Bench:
                         await self.reclaim_previous(pending)
                         if raw is not None and floors_left > 0:
                             floors_left -= 1
-                            try:
-                                await self.measure_floor(raw)
-                                print(f"  floor: {json.dumps(jsonable(self.floors[-1]))}", flush=True)
-                            except Exception as exc:  # a floor that could not be measured is reported, not fatal
-                                self.floor_errors.append(f"{type(exc).__name__}: {exc}"[:500])
-                                print(f"  floor measurement failed: {self.floor_errors[-1]}", flush=True)
+                            await self._floor(raw)
                     traffic.stop()
                     await traffic.join()
                     self.transcripts = getattr(self, "transcripts", []) + traffic.transcripts
@@ -409,7 +498,8 @@ class Bench:
         floor = bootstrap_median([f["floor_s"] for f in self.floors])
         managed_publish = per_mode["managed"]["publish_s"][0]
         return {
-            "design": {k: getattr(self.args, k) for k in ("window", "offset", "warmup", "pairs", "concurrency")},
+            "design": {k: getattr(self.args, k) for k in DESIGN_KEYS},
+            "arrival_schedule": None if getattr(self, "schedule", None) is None else attrs.asdict(self.schedule),
             "traffic_shape": attrs.asdict(self.shape),
             "modes": per_mode,
             "floor": {"components": self.floors, "errors": self.floor_errors, "floor_s": floor,
@@ -444,7 +534,8 @@ def last_line(managed: dict[str, Any], floor_ratio: float) -> str:
     m = managed
     return (f"tput_ratio={m['tput_ratio'][0]:.3f} p95_ratio={m['p95_ratio'][0]:.3f} gap_ratio={m['gap_ratio'][0]:.3f} "
             f"failed={m['failed']} aborted={m['aborted']} pauses={m['audit']['pause_generation']} "
-            f"publish_s={m['publish_s'][0]:.3f} floor_ratio={floor_ratio:.3f}")
+            f"publish_s={m['publish_s'][0]:.3f} floor_ratio={floor_ratio:.3f} "
+            f"tput_ci={m['tput_ratio'][1]:.3f},{m['tput_ratio'][2]:.3f}")
 
 
 async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fixtures: Any, out: Path,
@@ -477,11 +568,19 @@ async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fi
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default="runs/bench")
-    parser.add_argument("--pairs", type=int, default=5, help="window pairs per mode (>= 5)")
-    parser.add_argument("--window", type=float, default=15.0, help="window length, seconds")
-    parser.add_argument("--offset", type=float, default=3.0, help="publication start within its window, seconds")
-    parser.add_argument("--warmup", type=float, default=6.0, help="discarded traffic before every pair, seconds")
+    parser.add_argument("--method", default="open-loop", choices=("open-loop", "closed-loop"),
+                        help="open-loop: sessions on a seeded arrival schedule, many short window pairs (the "
+                             "figures); closed-loop: the agentic sessions back to back (descriptive)")
+    parser.add_argument("--pairs", type=int, help="window pairs per mode (default: open-loop 30, closed-loop 5)")
+    parser.add_argument("--window", type=float, help="window length, seconds (default: open-loop 3, closed-loop 15; "
+                        "open-loop: also the arrival schedule's period)")
+    parser.add_argument("--offset", type=float, default=3.0,
+                        help="closed-loop: publication start within its window, seconds (open-loop: seeded per pair)")
+    parser.add_argument("--warmup", type=float, default=6.0,
+                        help="closed-loop: discarded traffic before every pair, seconds (open-loop: one period)")
     parser.add_argument("--concurrency", type=int, default=4, help="closed-loop agentic sessions")
+    parser.add_argument("--rate", type=float, default=6.0, help="open-loop: session arrivals per second")
+    parser.add_argument("--seed", type=int, default=7, help="open-loop: the arrival schedule and publication offsets")
     parser.add_argument("--floors", type=int, default=5, help="floor measurements (one after each managed pair)")
     parser.add_argument("--bucket-bytes", type=int, default=1 << 20,
                         help="max bucket size (default 1 MiB: the ~28 KB fixture adapter is one bucket)")
@@ -492,14 +591,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--fixture", default=TINY, choices=FIXTURE_NAMES,
                         help="model and adapters A/B (qwen3-0.6b-shape: r=64 on all seven modules, ~80 MB)")
     args = parser.parse_args(argv)
+    open_loop = args.method == "open-loop"
+    args.pairs = args.pairs or (30 if open_loop else 5)
+    args.window = args.window or (3.0 if open_loop else 15.0)
     if args.quick:
-        args.window, args.offset, args.warmup = 8.0, 2.0, 4.0
+        if open_loop:
+            args.pairs = 6
+        else:
+            args.window, args.offset, args.warmup = 8.0, 2.0, 4.0
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"design (fixed before the run): {args.pairs} pairs per mode, alternating; window {args.window}s; "
-          f"publication at +{args.offset}s; warm-up {args.warmup}s discarded before every pair; "
-          f"{args.concurrency} closed-loop agentic sessions; buckets <= {args.bucket_bytes} bytes; "
-          f"fixture {args.fixture}", flush=True)
+    if open_loop:
+        print(f"design (fixed before the run): open loop; {args.pairs} pairs per mode, alternating; window "
+              f"{args.window}s = the period of one seeded arrival schedule (seed {args.seed}, {args.rate}/s); per "
+              f"pair and mode one period discarded, then steady, then publication at a seeded offset in [0.1, 0.6] "
+              f"of the window; buckets <= {args.bucket_bytes} bytes; fixture {args.fixture}", flush=True)
+    else:
+        print(f"design (fixed before the run): closed loop; {args.pairs} pairs per mode, alternating; window "
+              f"{args.window}s; publication at +{args.offset}s; warm-up {args.warmup}s discarded before every pair; "
+              f"{args.concurrency} closed-loop agentic sessions; buckets <= {args.bucket_bytes} bytes; "
+              f"fixture {args.fixture}", flush=True)
     fixtures = build_fixtures(fixture=args.fixture)
     started_ray = ensure_ray()
     engines = []

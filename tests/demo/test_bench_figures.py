@@ -65,9 +65,11 @@ def test_pooled_runs_take_medians_over_every_run_s_samples() -> None:
     assert managed["publish_s"][0] == 0.6 and managed["publications"] == 3  # the bootstrap publication is not one
     assert pooled["floor_s"][0] == 0.4 and pooled["floor_ratio"] == pytest.approx(1.5)
     assert pooled["modes"]["baseline"]["aborted"] == 5 and managed["aborted"] == 0
+    low, high = managed["tput_ratio"][1:]
+    assert low < 1.0 < high
     assert bench.last_line(managed, pooled["floor_ratio"]) == (
         "tput_ratio=1.000 p95_ratio=1.000 gap_ratio=1.000 failed=0 aborted=0 pauses=0 publish_s=0.600 "
-        "floor_ratio=1.500")
+        f"floor_ratio=1.500 tput_ci={low:.3f},{high:.3f}")
 
 
 def test_pooled_phases_sum_a_publication_s_buckets_and_skip_phases_it_never_reached() -> None:

@@ -5,6 +5,8 @@
   back with finish_reason "abort" counts as aborted even though the agentic driver resumes it.
 - `ClosedLoopTraffic` runs `concurrency` workers; each runs one agentic session after another through
   `AgenticDriver` (first generation binds the version, tool turns in between, finish closes it).
+- `OpenLoopTraffic` starts the same sessions on a fixed `ArrivalSchedule` instead, period after period,
+  whether or not earlier ones have finished.
 - `ProgressMonitor` keeps one streamed greedy generation in flight per engine and records when each
   chunk arrives: the longest interval without a new token is the engine's no-progress gap.
 - `RegistrySampler` records the registry's view (default, versions held, session refs) over time.
@@ -136,6 +138,79 @@ class ClosedLoopTraffic:
                                    max_new_tokens=self.shape.max_new_tokens)
             transcript = await self.driver.run_session(script)
             self.transcripts.append(transcript)
+
+
+@attrs.frozen
+class ArrivalSchedule:
+    """When sessions start within one period: the same offsets in every period, so two windows of one
+    period each see the same offered load, and what differs between them is what the engines did with it."""
+
+    period_s: float
+    offsets: tuple[float, ...]
+
+    @classmethod
+    def seeded(cls, period_s: float, rate_per_s: float, seed: int) -> ArrivalSchedule:
+        """Poisson arrivals at `rate_per_s`, drawn once from `seed` and truncated to one period."""
+        rng = random.Random(seed)
+        offsets: list[float] = []
+        t = rng.expovariate(rate_per_s)
+        while t < period_s:
+            offsets.append(t)
+            t += rng.expovariate(rate_per_s)
+        return cls(period_s, tuple(offsets))
+
+
+class OpenLoopTraffic:
+    """Agentic sessions that arrive on a fixed schedule, period after period from `start(t0)`, whether or not
+    earlier ones have finished (open loop: a slow engine cannot lower the offered load, as closed-loop workers
+    would). Each session's prompt is drawn from its arrival's index within the period, so every period offers
+    the same requests."""
+
+    def __init__(self, driver: AgenticDriver, shape: TrafficShape, schedule: ArrivalSchedule, name: str = "o",
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.driver = driver
+        self.shape = shape
+        self.schedule = schedule
+        self.name = name
+        self.clock = clock
+        self.transcripts: list[SessionTranscript] = []
+        self.sessions_started = 0
+        self._stop = asyncio.Event()
+        self._arrivals: asyncio.Task[None] | None = None
+        self._sessions: set[asyncio.Task[None]] = set()
+        self._prompts = [SHARED_PREFIX + tuple(random.Random(i).randrange(1, 500) for _ in range(shape.prompt_tokens))
+                         for i in range(len(schedule.offsets))]
+
+    def start(self, t0: float) -> None:
+        self._arrivals = asyncio.create_task(self._arrive(t0), name=f"arrivals-{self.name}")
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    async def join(self) -> None:
+        """After `stop()`: every session that arrived has finished (sessions are never cut)."""
+        if self._arrivals is not None:
+            await self._arrivals
+        await asyncio.gather(*self._sessions)
+
+    async def _arrive(self, t0: float) -> None:
+        for period in itertools.count():
+            for index, offset in enumerate(self.schedule.offsets):
+                delay = t0 + period * self.schedule.period_s + offset - self.clock()
+                if delay > 0:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(self._stop.wait(), delay)
+                if self._stop.is_set():
+                    return
+                task = asyncio.create_task(self._session(period, index))
+                self._sessions.add(task)
+                task.add_done_callback(self._sessions.discard)
+
+    async def _session(self, period: int, index: int) -> None:
+        self.sessions_started += 1
+        script = SessionScript(f"{self.name}{period}-{index}", self._prompts[index], turns=self.shape.turns,
+                               max_new_tokens=self.shape.max_new_tokens)
+        self.transcripts.append(await self.driver.run_session(script))
 
 
 def tool_with_latency(seconds: float) -> Any:
