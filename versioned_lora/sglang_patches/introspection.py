@@ -63,8 +63,10 @@ async def status_payload(tokenizer_manager: Any) -> dict[str, Any]:
         "incarnation": INCARNATION,
         "started_at": STARTED_AT,
         "patches": [record.target for record in applied_patches()],
-        # Requests the tokenizer manager has taken and not finished (its `rid_to_state`), whatever they name.
-        "requests_in_flight": len(tokenizer_manager.rid_to_state),
+        # Requests handed to the scheduler and not finished (TokenizerManager.rid_to_state, ReqState.dispatched
+        # and .finished), whatever they name: what shares the engine's batch and KV cache right now.
+        "requests_in_flight": sum(1 for state in list(tokenizer_manager.rid_to_state.values())
+                                  if state.dispatched and not state.finished),
         **lora_registry_snapshot(tokenizer_manager),
         **sections,
     }

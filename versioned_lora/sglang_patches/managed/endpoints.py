@@ -395,9 +395,8 @@ def install(app: Any, engine: ManagedEngine) -> None:
             except BadRequest as exc:
                 return refusal(request.url.path, exc.status, exc.payload())
             except ProtocolRefusal as exc:
-                return refusal(request.url.path, 409, {"reason": str(exc.rejected.reason),
-                                                       "row": exc.rejected.row,
-                                            "message": str(exc)})
+                return refusal(request.url.path, 409, {"reason": str(exc.rejected.reason), "row": exc.rejected.row,
+                                                       "message": str(exc)})
             except CandidateRefused as exc:
                 return refusal(request.url.path, 422, {"reason": exc.code, "message": str(exc)})
             except EngineOperationError as exc:
