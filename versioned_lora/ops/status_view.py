@@ -22,7 +22,6 @@ from versioned_lora.spec.model import SLOT_HOLDING_ADAPTER_STATES
 from versioned_lora.spec.states import PlacementState, VersionState
 
 DIGEST_PREFIX = 12  # as in the managed name (spec/identities.py)
-# Engine-side states in which an engine still holds a managed adapter's memory.
 
 
 class BlockingKind:
