@@ -316,35 +316,16 @@ class Bench:
 
     async def window(self, mode: str, kind: str, pair: int) -> Window:
         prepared = self.next_candidate() if (mode, kind) == ("managed", "publication") else None
-        start = time.monotonic()
-        audit = await self.audit_total()
-        window = Window(mode, kind, pair, start, start + self.args.window)
-        publication: dict[str, Any] | None = None
         if kind == "steady" and mode == "managed" and self._pending_reclaim is not None:
             pending, self._pending_reclaim = self._pending_reclaim, None
             await self.reclaim_previous(pending)  # outside the window: its clock starts after this
-            start = time.monotonic()
-            window = Window(mode, kind, pair, start, start + self.args.window)
-        if kind == "publication":
-            await asyncio.sleep(self.args.offset)
-            publication = await (self.publish_managed(prepared) if prepared is not None else self.publish_baseline())
-            publication["start"] -= self.t0
-            publication["pair"] = pair
-            self.publications.append(publication)
-        await asyncio.sleep(max(0.0, window.end - time.monotonic()))
-        after = await self.audit_total()
-        window.audit = {k: after[k] - audit[k] for k in AUDITED}
-        window.managed_max = max((s.managed for s in self.sampler.samples if start <= s.t <= window.end), default=0)
-        self.windows.append(window)
-        if publication is not None and publication.get("previous") is not None:
-            self._pending_reclaim = publication["previous"]
-        return window
+        return await self.window_at(mode, kind, pair, time.monotonic(), self.args.offset, prepared)
 
     async def window_at(self, mode: str, kind: str, pair: int, start: float, offset: float,
                         prepared: tuple[VersionKey, Candidate] | None) -> Window:
-        """The open-loop method's window: [start, start + window), aligned with the arrival schedule's
-        period; a publication window publishes `offset` seconds in (the managed candidate prepared before the
-        traffic started)."""
+        """One measured window, [start, start + window): the open-loop method aligns `start` with the arrival
+        schedule's period, the closed-loop one starts it now. A publication window publishes `offset` seconds
+        in (the managed candidate prepared before the window)."""
         await asyncio.sleep(max(0.0, start - time.monotonic()))
         audit = await self.audit_total()
         window = Window(mode, kind, pair, start, start + self.args.window)
