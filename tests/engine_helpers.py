@@ -128,6 +128,15 @@ async def refcount(client: SGLangClient, name: str) -> int | None:
     return None if entry is None else entry["refcount"]
 
 
+async def hold_scheduler(client: SGLangClient, held: bool) -> None:
+    """Pause (in place) or continue one engine's scheduler through SGLang's own admin routes: a test device that
+    keeps a request in flight, holding its LoRA reference, for as long as the test needs, however fast or slow
+    the host decodes. The library never pauses an engine."""
+    path, body = ("/pause_generation", {"mode": "in_place"}) if held else ("/continue_generation", {})
+    response = await client._http.post(path, json=body)
+    assert response.status_code == 200, (path, response.status_code, response.text)
+
+
 def run(coro: Awaitable[T]) -> T:
     return asyncio.run(coro)  # type: ignore[arg-type]
 
