@@ -22,6 +22,7 @@ from engine_helpers import (
     Staged,
     capability_key_file,
     client_for,
+    hold_scheduler,
     loaded_adapter,
     managed_view,
     publish_from_disk,
@@ -241,8 +242,14 @@ def test_reclaim_waits_for_in_flight_request_keeps_serving_then_unloads_once(eng
             in_flight = asyncio.create_task(client.generate(PROMPT, a.name, LONG_TOKENS, ignore_eos=True))
             await wait_until(lambda: _count_is(client, a.name, 1))
 
-            # Session refs are 0 (the registry allowed the reclaim) but the engine still holds one.
-            answer = await client.managed("reclaim", lora_name=a.name, reclaim_id="r-1", wait_s=0.5)
+            # Session refs are 0 (the registry allowed the reclaim) but the engine still holds one. The request is
+            # held in flight while the reclaim lands (SGLang's in-place pause, a test device: on a loaded host its
+            # tokens once ended first, CI); new requests wait at SGLang's pause, so it continues before they are sent.
+            await hold_scheduler(client, True)
+            try:
+                answer = await client.managed("reclaim", lora_name=a.name, reclaim_id="r-1", wait_s=0.5)
+            finally:
+                await hold_scheduler(client, False)
             assert answer["adapter"]["state"] == "DRAINING"
             assert answer["adapter"]["pinned"] and answer["adapter"]["native_refcount"] == 1
             assert answer["incarnation"] == a.incarnation

@@ -9,7 +9,7 @@ import asyncio
 import time
 
 import pytest
-from engine_helpers import PROMPT, client_for, loaded_adapter, refcount, run, wait_until
+from engine_helpers import PROMPT, client_for, hold_scheduler, loaded_adapter, refcount, run, wait_until
 
 from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient
 
@@ -30,17 +30,22 @@ def test_unload_waits_for_the_long_request_and_unloads_once(engines, fixtures) -
             await wait_until(lambda: _is(refcount(client, a), 2), timeout_s=20)
             await short_task
             await wait_until(lambda: _is(refcount(client, a), 1), timeout_s=10)
-            assert not long_task.done()
-
-            lora_id = (await client.adapter(a))["lora_id"]
-            unload_issued = time.monotonic()
-            unload_task = asyncio.create_task(client.unload_lora_adapter(a))
-            await wait_until(lambda: _unregistered(client, a), timeout_s=10)
-            status = await client.status()
-            assert status["draining"] == [{"lora_id": lora_id, "refcount": 1}]
-            await asyncio.sleep(0.5)
-            assert not long_task.done(), "the long request finished before the unload could be seen waiting for it"
-            assert not unload_task.done(), "unload finished while a request still held the adapter"
+            # Hold the long request in flight (SGLang's in-place pause; a test device) while the unload is watched
+            # waiting for it: on a loaded host its tokens once ended before the unload was seen (CI).
+            await hold_scheduler(client, True)
+            try:
+                assert not long_task.done()
+                lora_id = (await client.adapter(a))["lora_id"]
+                unload_issued = time.monotonic()
+                unload_task = asyncio.create_task(client.unload_lora_adapter(a))
+                await wait_until(lambda: _unregistered(client, a), timeout_s=10)
+                status = await client.status()
+                assert status["draining"] == [{"lora_id": lora_id, "refcount": 1}]
+                await asyncio.sleep(0.5)
+                assert not long_task.done()
+                assert not unload_task.done(), "unload finished while a request still held the adapter"
+            finally:
+                await hold_scheduler(client, False)
 
             await long_task
             long_done = time.monotonic()
