@@ -18,7 +18,7 @@ from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.adapters.engine_staging import EngineStaging
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
-from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
+from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel, ReferenceProbeCheck
 from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
@@ -78,6 +78,7 @@ class Stack:
         deadlines: Deadlines | None = None,
         *,
         probe_prompt: Sequence[int] = PROBE_PROMPT,
+        probe_epsilon: float = PROBE_EPSILON,
         reference: ReferenceModel | None = None,
         route: Callable[[BackendRequest], int] | None = None,
         bucket_deadline_s: float = 60.0,
@@ -102,7 +103,7 @@ class Stack:
             for name, client in self.clients.items()
         }
         self.reference = reference or ReferenceModel(fixtures.model_dir)
-        self.probe_check = ReferenceProbeCheck(self.reference, probe_prompt)
+        self.probe_check = ReferenceProbeCheck(self.reference, probe_prompt, probe_epsilon)
         self.deadlines = deadlines or Deadlines()
         self.publisher = Publisher(self.registry, self.ports, self.probe_check, self.deadlines, on_phase=on_phase)
         self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines)
