@@ -38,6 +38,13 @@ Properties, on every reachable world:
                            follows its Lost; checked where the network duplicates nothing)
   timers_follow_calls      no timer outlives the call it bounds (a finished sub-machine, or a coordinator
                            past its own call, has none armed)
+  calls_under_a_deadline   a machine (the coordinator or a sub-machine) with a call of its own in flight
+                           has a timer armed or its Deadline already in the inbox, except in
+                           COMMIT_UNRESOLVED, where the commit is retried until answered by design
+  waits_for_what_it_sends  a call a row sends is one the machine's new phase waits for (a row of that
+                           phase answers it): a reply no row waits for only lands on a late row
+  waits_on_a_call          a machine whose phase waits for a call's answer has that call in flight (its
+                           request, or its reply or loss in the inbox): it never waits on its deadline alone
   unknown_keeps_capacity   a settle that reported UNKNOWN never freed the slot on the strength of a guess
                            (the registry's slot is freed only by its own rows: checked by the registry's
                            invariants, which run on every registry state here too)
@@ -85,7 +92,7 @@ from versioned_lora.lifecycle.drivers import (
     settle,
 )
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.spec.drivers import DRIVER_ROWS, TERMINAL, DriverOutcome
+from versioned_lora.spec.drivers import DRIVER_ROWS, TERMINAL, DriverOutcome, Input
 from versioned_lora.spec.events import (
     Abort,
     AcquireRequest,
@@ -115,6 +122,13 @@ from versioned_lora.spec.states import AdapterState, PlacementState, VersionStat
 ENGINES = ("E0", "E1")
 A, B = VersionKey(0, "A"), VersionKey(0, "B")
 DIGESTS = {A: "a" * 64, B: "b" * 64}
+# The phases that wait for a call without a deadline, on purpose: the commit whose outcome was reported
+# unknown is retried under the same key until it is answered (RFC §3.4).
+UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED"})
+# The guard with which a row answers each call (lifecycle.drivers.GUARDS).
+ANSWER_GUARD = {"commit": "answers_commit", "abort": "answers_abort", "claim": "answers_claim",
+                "cleanup": "answers_engine_cleanup", "cleaned": "answers_cleaned", "unknown": "answers_unknown",
+                "reclaim": "answers_engine_reclaim", "confirm": "answers_confirm"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 
@@ -249,6 +263,7 @@ class DriverSystem:
     def __init__(self, drivers: Drivers = DRIVERS) -> None:
         self.drivers = drivers
         self.fired: dict[str, int] = {}
+        self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
 
     # ---- the driver reacts to one input: its commands join the network, timers, reports
     def _feed(self, w: World, inp: Any) -> tuple[World, tuple[str, ...]]:
@@ -271,11 +286,29 @@ class DriverSystem:
                 reports.append(c)
             else:
                 net.append(("req", c))
+        for c in step.commands:
+            if isinstance(c, (Submit, CleanupEngine, ReclaimEngine)) and not self._waits_for(step.state, c.call):
+                flags.append(f"waits_for_what_it_sends: {c.call} sent, and no row of the phase it moved to "
+                             f"answers it")
         if is_done(step.state):  # the loop ends: its timers are cancelled, late replies land nowhere
             timers.clear()
         w = attrs.evolve(w, driver=step.state, net=_sorted(net), timers=frozenset(timers), reports=tuple(reports),
                          flags=tuple(flags))
         return w, step.fired
+
+    def _waits_for(self, driver: Any, call: Call) -> bool:
+        machine = driver if not call.engine else driver.engines.get(call.engine)
+        return machine is not None and call.op in self._awaited(machine)
+
+    def _awaited(self, machine: Any) -> frozenset[str]:
+        """The calls whose answer a row of the machine's phase acts on (rows that change something)."""
+        key = (MACHINE_OF[type(machine)], machine.phase)
+        if key not in self._awaited_by_phase:
+            kind, phase = key
+            self._awaited_by_phase[key] = frozenset(op for op, guard in ANSWER_GUARD.items() if any(
+                r.machine is kind and phase in r.expanded_sources() and r.input is Input.ANSWER
+                and guard in r.guards and r.changes_state for r in self.drivers.rows))
+        return self._awaited_by_phase[key]
 
     # ---- a request reaches the registry or an engine: the real tables answer
     def _serve(self, w: World, command: Any) -> tuple[World, Any]:
@@ -393,6 +426,20 @@ class DriverSystem:
         for name, sub in d.engines.items():
             if sub.phase in TERMINAL[MACHINE_OF[type(sub)]] and any(t.engine == name for t in w.timers):
                 out.append(f"timers_follow_calls: {name} is {sub.phase} with a timer still armed")
+        for name, machine in [] if is_done(d) else [("", d), *d.engines.items()]:  # done: its loop has ended
+            if machine.phase in TERMINAL[MACHINE_OF[type(machine)]]:
+                continue
+            calls = {m.call.op for kind, m in w.net
+                     if kind in ("req", "rep") and getattr(m, "call", None) is not None and m.call.engine == name}
+            awaited = self._awaited(machine)
+            if awaited and not awaited & calls:
+                out.append(f"waits_on_a_call: {name or 'the coordinator'} is {machine.phase}, waiting for "
+                           f"{'/'.join(sorted(awaited))}, with none in flight")
+            bounded = any(t.engine == name for t in w.timers) or any(
+                kind == "rep" and isinstance(m, Deadline) and m.timer.engine == name for kind, m in w.net)
+            if calls and not bounded and machine.phase not in UNBOUNDED_BY_DESIGN:
+                out.append(f"calls_under_a_deadline: {name or 'the coordinator'} is {machine.phase} with a call in "
+                           f"flight and no timer armed")
         target = w.driver.version
         for name, sub in d.engines.items():
             if isinstance(sub, CleanupEngineState) and sub.phase == "CLEANED":

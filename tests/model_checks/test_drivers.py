@@ -52,3 +52,13 @@ def test_the_refused_abort_fallback_is_killed_by_a_property() -> None:
     verdict, detail = mutate.run(mutate.refused_abort_cleans())
     assert verdict == "killed", detail
     assert "committed_stays_loaded" in detail  # the data loss itself: a committed default unloaded
+
+
+def test_every_mutant_drawn_on_seed_1_is_killed_by_a_property() -> None:
+    """Issue 17's bar on a fixed seed: K = N with no mutant dying only by the ProtocolError, and at most 10%
+    of the draws argued equivalent (the full run: `python scripts/mutate_drivers.py --seed 1`)."""
+    mutate = _mutate_drivers()
+    mutants, equivalent = mutate.draw_set(seed=1, count=mutate.COUNT)
+    assert len(mutants) == mutate.COUNT + 1 and len(equivalent) <= 0.1 * (len(mutants) + len(equivalent))
+    verdicts = {m.name: mutate.run(m) for m in mutants}
+    assert {name: v for name, v in verdicts.items() if v[0] != "killed"} == {}
