@@ -65,7 +65,7 @@ from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.capabilities import write_key_file
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.report import jsonable
-from versioned_lora.demo.stack import PROBE_PROMPT, Stack, ensure_ray, new_token, start_engines
+from versioned_lora.demo.stack import Stack, ensure_ray, new_token, start_engines
 from versioned_lora.demo.traffic import (
     ArrivalSchedule,
     ClosedLoopTraffic,
@@ -310,7 +310,7 @@ class Bench:
     async def measure_floor(self, raw: RawTransferFloor) -> None:
         transfer = await raw.measure()
         load, probe = await native_load_and_probe(list(self.stack.clients.values()), raw.candidate.snapshot,
-                                                  PROBE_PROMPT)
+                                                  list(self.stack.fixtures.probe_prompt))
         self.floors.append({"raw_transfer_s": transfer, "native_load_s": load, "probe_s": probe,
                             "floor_s": transfer + load + probe})
 

@@ -21,6 +21,8 @@ from typing import Any
 
 import attrs
 
+from versioned_lora.adapters.reference_forward import PROBE_EPSILON
+
 # Bump when the generation code changes in a way that changes the produced bytes.
 _GENERATOR_REVISION = 1
 
@@ -44,6 +46,21 @@ LORA_TARGET_MODULES = ("q_proj", "v_proj")
 ADAPTER_SEEDS = {"A": 101, "B": 202, "C": 303}
 
 
+# The probe every `end` answers for a fixture's weights, and how far its logprob may lie from the reference
+# forward (adapters.reference_forward). Tiny: 20 ids inside any vocabulary, and the publisher's default
+# tolerance, PROBE_EPSILON (0.02 nats against a measured spread of 0.004).
+TINY_PROBE_PROMPT = tuple(range(10, 30))
+# Qwen3-0.6B shape: 0.05 nats. With 0.02, the project's CI at c780842 and a clean-clone run at 33ff8af (the
+# same code) both refused a correct B: an engine's probe under load answered -10.52879 against the
+# reference's -10.55229, 0.0235 apart, three bf16 steps (2^-7) of a logit below 2 (the engine's batched
+# kernels against transformers' single forward). 0.05 is six such steps. The prompt is one where A's, B's
+# and C's reference tokens lead their next best by two tolerances and the versions' tokens score at least
+# ten tolerances apart under one another (tests/zz_scale asserts both), found by a search over 600 windows
+# range(s, s + 20).
+QWEN3_0_6B_PROBE_PROMPT = tuple(range(1492, 1512))
+QWEN3_0_6B_PROBE_EPSILON = 0.05
+
+
 @attrs.frozen
 class Fixtures:
     model_dir: Path
@@ -54,6 +71,8 @@ class Fixtures:
     name: str = "tiny"
     lora_rank: int = LORA_RANK
     target_modules: tuple[str, ...] = LORA_TARGET_MODULES
+    probe_prompt: tuple[int, ...] = TINY_PROBE_PROMPT
+    probe_epsilon: float = PROBE_EPSILON
 
 
 def cache_root() -> Path:
@@ -281,7 +300,8 @@ def build_fixtures(root: Path | None = None, fixture: str = TINY) -> Fixtures:
         model_dir = qwen3_0_6b_shape(root)
         adapters = {name: full_lora_adapter(name, model_dir, root) for name in ADAPTER_SEEDS}
         return Fixtures(model_dir=model_dir, adapters=adapters, root=root or cache_root(), name=QWEN3_0_6B_SHAPE,
-                        lora_rank=FULL_LORA_RANK, target_modules=ALL_LINEAR_MODULES)
+                        lora_rank=FULL_LORA_RANK, target_modules=ALL_LINEAR_MODULES,
+                        probe_prompt=QWEN3_0_6B_PROBE_PROMPT, probe_epsilon=QWEN3_0_6B_PROBE_EPSILON)
     if fixture != TINY:
         raise ValueError(f"unknown fixture {fixture!r}; known: {', '.join(FIXTURE_NAMES)}")
     model_dir = tiny_qwen3(root)

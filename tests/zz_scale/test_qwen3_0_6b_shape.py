@@ -8,11 +8,8 @@ adapter). The story is the demo's (`DemoRun`): A bootstrapped, B published under
 at capacity with no begin reaching an engine, A's sessions close and A is reclaimed once per engine, C sent
 with one corrupted bucket is refused at `end` and cleaned; every expectation of that story is asserted.
 
-Tolerance at this size: 0.05 nats, wider than PROBE_EPSILON (0.02, the publisher's default, measured on the
-tiny fixture). The first runs used 0.02 and passed; then the project's CI at c780842 and a clean-clone run at
-33ff8af (the same code) both refused B: E0's probe under load answered -10.52879 against the reference's
--10.55229, 0.0235 apart, three bf16 steps (2^-7) of a logit below 2 (the engine's batched kernels against
-transformers' single forward; the cause of the spread was not isolated further). 0.05 is six such steps.
+Tolerance at this size: the fixture's probe tolerance, 0.05 nats (fixtures.QWEN3_0_6B_PROBE_EPSILON says why
+it is wider than the tiny fixture's 0.02: a correct B was refused at 0.02 in two clean-clone runs).
 The probe and the first-token logprobs of each version must match a transformers + PEFT forward of the same
 weights within it, and on those very positions the versions must separate by at least ten times it: the
 tokens a version produced score at least 0.5 nats differently under every other version (base, A, B), so a
@@ -36,10 +33,16 @@ from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
 from versioned_lora.demo.scenario import DemoRun
 from versioned_lora.demo.stack import Stack
 from versioned_lora.demo.traffic import TrafficShape
-from versioned_lora.fixtures import ALL_LINEAR_MODULES, QWEN3_0_6B, Fixtures
+from versioned_lora.fixtures import (
+    ALL_LINEAR_MODULES,
+    QWEN3_0_6B,
+    QWEN3_0_6B_PROBE_EPSILON,
+    QWEN3_0_6B_PROBE_PROMPT,
+    Fixtures,
+)
 from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse, GenerationBackend
 
-LOGPROB_TOLERANCE = 0.05  # the probe check's epsilon at this size (module docstring)
+LOGPROB_TOLERANCE = QWEN3_0_6B_PROBE_EPSILON  # the probe check's epsilon at this size (module docstring)
 SEPARATION = 10 * LOGPROB_TOLERANCE
 # The engine's logprobs differ from the reference's by a few bf16 rounding steps of the top logit (2^-7 below
 # |2|: fixtures.QWEN3_0_6B_WEIGHTS); a lead of two tolerances cannot be overturned by a delta within one.
@@ -47,9 +50,9 @@ PROBE_MARGIN = 2 * LOGPROB_TOLERANCE
 BUCKET_BYTES = 16 * 1024 * 1024
 UNLOAD_AFTER_RECLAIM_S = 60.0
 # The probe every `end` answers at this size. On 151,936 near-flat logits the top two tokens can sit within
-# bf16 noise of each other; this prompt is one where A's, B's and C's reference tokens lead by PROBE_MARGIN
-# (asserted below, so a changed fixture fails here instead of flaking in a publication).
-PROBE = list(range(1492, 1512))
+# bf16 noise of each other; the fixture's prompt is one where A's, B's and C's reference tokens lead by
+# PROBE_MARGIN (asserted below, so a changed fixture fails here instead of flaking in a publication).
+PROBE = list(QWEN3_0_6B_PROBE_PROMPT)
 STORY_CHECKS = (
     "A bootstrapped (COMMITTED)", "B published under load (COMMITTED)", "C rejected with CAPACITY_ERROR",
     "rejected C reached no engine (0 begin calls)", "A reclaimed on both engines",
@@ -138,9 +141,9 @@ def test_publication_path_end_to_end_at_0_6b_shape(
     memory: Any, scale_figures: Any, tmp_path: Any,
 ) -> None:
     stack = Stack([scale_engines.e0.url, scale_engines.e1.url], TEST_TOKEN, tmp_path, scale_fixtures,
-                  probe_prompt=PROBE, probe_epsilon=LOGPROB_TOLERANCE, reference=scale_reference,
-                  route=route_by_worker, bucket_bytes=BUCKET_BYTES,
+                  reference=scale_reference, route=route_by_worker, bucket_bytes=BUCKET_BYTES,
                   bucket_deadline_s=120.0, client_timeout_s=600.0, capability_key_file=capability_key_file())
+    assert (stack.probe_check.probe_input_ids, stack.probe_check.epsilon) == (PROBE, LOGPROB_TOLERANCE)
     probes: list[tuple[str, int, float, int, float]] = []  # label, engine's token and logprob, reference's
     check = stack.publisher.probe_check
 

@@ -18,7 +18,7 @@ from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.adapters.engine_staging import EngineStaging
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
-from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel, ReferenceProbeCheck
+from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
 from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
@@ -34,7 +34,6 @@ from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.wire import TOKEN_ENV
 
 ENGINE_NAMES = ("E0", "E1", "E2", "E3")  # a Stack names its first len(urls) engines by these
-PROBE_PROMPT = list(range(10, 30))  # the probe every `end` answers, checked against the reference forward
 BUCKET_BYTES = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets, so per-bucket phases show
 
 
@@ -77,8 +76,8 @@ class Stack:
         on_phase: Callable[[str, str, float], None] | None = None,
         deadlines: Deadlines | None = None,
         *,
-        probe_prompt: Sequence[int] = PROBE_PROMPT,
-        probe_epsilon: float = PROBE_EPSILON,
+        probe_prompt: Sequence[int] | None = None,
+        probe_epsilon: float | None = None,
         reference: ReferenceModel | None = None,
         route: Callable[[BackendRequest], int] | None = None,
         bucket_deadline_s: float = 60.0,
@@ -98,6 +97,9 @@ class Stack:
         self.registry = RayRegistry(self.handle)
         self.clients = {name: SGLangClient(url, token=token, timeout_s=client_timeout_s)
                         for name, url in zip(ENGINE_NAMES, urls, strict=False)}
+        # The probe and its tolerance are the fixture's (fixtures.Fixtures), unless the caller picks its own.
+        probe_prompt = list(fixtures.probe_prompt if probe_prompt is None else probe_prompt)
+        probe_epsilon = fixtures.probe_epsilon if probe_epsilon is None else probe_epsilon
         self.ports: dict[str, EngineStaging] = {
             name: EngineStaging(name, client, probe_prompt, bucket_deadline_s=bucket_deadline_s)
             for name, client in self.clients.items()

@@ -28,11 +28,12 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from versioned_lora.adapters.ray_registry import REGISTRY_ACTOR_NAME, REGISTRY_NAMESPACE, RayRegistry
 from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.fixtures import TINY_PROBE_PROMPT
 from versioned_lora.ops.status_render import render_status
 from versioned_lora.ops.status_view import gather_status
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
-PROBE_PROMPT = list(range(10, 30))  # the demo's probe prompt (demo/stack.py): 20 ids, inside any vocabulary
+PROBE_PROMPT = list(TINY_PROBE_PROMPT)  # the demo's probe prompt (fixtures): 20 ids, inside any vocabulary
 
 
 class Exit(IntEnum):
