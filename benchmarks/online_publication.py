@@ -17,10 +17,12 @@ Two methods (`--method`); the design of each is fixed before the run and printed
   pair is a like-for-like baseline for its publication window. A closed-loop run cannot resolve a 1% effect:
   its workers slow down with the engine, and its windows moved between 25 and 57 tokens/s on a quiet host
   (tput_ratio 0.749 [0.554, 1.309]). Many short pairs (default 30 per mode, 3 s windows); per pair and mode,
-  one period of that mode's traffic is discarded (mode switch, the cold cache after a baseline flush), then
-  the steady window, then the publication window with the publication at the pair's seeded offset (the
-  same for both modes of a pair). Reclaim, floor and candidate preparation run between pairs, without
-  traffic.
+  `--settle` periods of that mode's traffic are discarded (the ramp-up of traffic started afresh, the cold
+  cache after a baseline flush), then a control window, the steady window, and the publication window with
+  the publication at the pair's seeded offset (the same for both modes of a pair). Steady over control
+  (`null_ratio`) is what the method reads when nothing happens: near 1 with an interval as narrow as the
+  goal's, or the tput_ratio beside it cannot be read. Reclaim, floor and candidate preparation run between
+  pairs, without traffic.
 - closed-loop (descriptive): pairs of (steady window, publication window) of `--window` seconds each, the
   publication starting `--offset` seconds into its window; `--pairs` pairs per mode, and before every pair
   the traffic of that mode runs a `--warmup` that is discarded.
@@ -85,7 +87,7 @@ from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse
 from versioned_lora.runtime.session_binder import Binding, CloseReport
 
 FIXED_NAME = "policy-fixed"  # the one unmanaged name the baseline overwrites (Relax's fixed adapter name)
-DESIGN_KEYS = ("method", "window", "offset", "warmup", "pairs", "concurrency", "rate", "seed")
+DESIGN_KEYS = ("method", "window", "offset", "warmup", "settle", "pairs", "concurrency", "rate", "seed")
 AUDITED = ("pause_generation", "flush_cache", "abort_all", "continue_generation", "base_weight_update")
 
 
@@ -158,7 +160,7 @@ async def overwrite_publication(clients: Sequence[SGLangClient], adapter_dir: Pa
 @attrs.define
 class Window:
     mode: str
-    kind: str  # steady | publication
+    kind: str  # control | steady | publication (control: open-loop only, a second steady window just before)
     pair: int
     start: float
     end: float
@@ -364,7 +366,8 @@ class Bench:
                 traffic = self.open_traffic(mode, schedule)
                 t0 = time.monotonic() + 0.05
                 traffic.start(t0)
-                for period, kind in ((1, "steady"), (2, "publication")):
+                first = args.settle  # periods 0 .. settle-1 are discarded: the traffic ramps up through them
+                for period, kind in ((first, "control"), (first + 1, "steady"), (first + 2, "publication")):
                     w = await self.window_at(mode, kind, pair, t0 + period * args.window, offset, prepared)
                     print(f"  {mode:8s} pair {pair} {kind:11s} done; audit {w.audit}", flush=True)
                 traffic.stop()
@@ -450,8 +453,13 @@ class Bench:
                 steady = next(w for w in self.windows if (w.mode, w.kind, w.pair) == (mode, "steady", pair))
                 pub = next(w for w in self.windows if (w.mode, w.kind, w.pair) == (mode, "publication", pair))
                 s, p = steady.figures, pub.figures
+                control = next((w for w in self.windows if (w.mode, w.kind, w.pair) == (mode, "control", pair)), None)
                 rows.append({
                     "pair": pair,
+                    # Steady over the control window just before it, with no publication in either: what the
+                    # method reads when nothing happens (its bias, and by its interval the width it can resolve).
+                    "null_ratio": None if control is None else ratio(s["tokens_per_s"],
+                                                                     control.figures["tokens_per_s"]),
                     "tput_ratio": ratio(p["tokens_per_s"], s["tokens_per_s"]),
                     "rps_ratio": ratio(p["throughput_rps"], s["throughput_rps"]),
                     "p95_ratio": ratio(p["latency_p95_s"], s["latency_p95_s"]),
@@ -464,6 +472,7 @@ class Bench:
             per_mode[mode] = {
                 "pairs": rows,
                 "tput_ratio": bootstrap_median([r["tput_ratio"] for r in rows]),
+                "null_ratio": bootstrap_median([r["null_ratio"] for r in rows if r["null_ratio"] is not None]),
                 "rps_ratio": bootstrap_median([r["rps_ratio"] for r in rows]),
                 "p95_ratio": bootstrap_median([r["p95_ratio"] for r in rows]),
                 "gap_ratio": bootstrap_median([r["gap_ratio"] for r in rows]),
@@ -540,6 +549,9 @@ async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fi
               f"{m['cache_rate_steady'][0]:.0%} -> publication {m['cache_rate_publication'][0]:.0%}  "
               f"versions held max {m['managed_versions_max']}")
     fl = report["floor"]
+    null = report["modes"]["managed"]["null_ratio"]
+    print(f"null_ratio={null[0]:.3f} null_ci={null[1]:.3f},{null[2]:.3f} (managed steady over control: no "
+          f"publication in either window)")
     print(f"floor_s {fmt_interval(fl['floor_s'])} (raw transfer + native load + probe; components in the JSON)")
     print(f"report: {out / 'online_publication.json'}")
     print(last_line(report["modes"]["managed"], fl["floor_ratio"]))
@@ -563,6 +575,12 @@ def main(argv: list[str] | None = None) -> int:
     # 6/s (3 turns of 12 tokens each: ~216 tokens/s offered) saturated the two tiny engines of the 2-core host,
     # which delivered ~100 tokens/s: queues grew through every window (2026-12-02-online-publication-open-loop-
     # rate6.txt). An open-loop load must stay well below what the engines deliver.
+    # One discarded period was not enough (2026-12-03-online-publication-open-loop-rate1.5): the traffic, started
+    # afresh per pair and mode, was still ramping up, its steady windows completing 19 of the 36 requests a
+    # period offers and its publication windows 26, and each pair's two windows splitting one backlog (request
+    # counts correlated -0.6), so the ratio read the ramp, not the publication.
+    parser.add_argument("--settle", type=int, default=4,
+                        help="open-loop: periods discarded per pair and mode before its control window")
     parser.add_argument("--rate", type=float, default=1.5, help="open-loop: session arrivals per second")
     parser.add_argument("--seed", type=int, default=7, help="open-loop: the arrival schedule and publication offsets")
     parser.add_argument("--floors", type=int, default=5, help="floor measurements (one after each managed pair)")
@@ -588,8 +606,9 @@ def main(argv: list[str] | None = None) -> int:
     if open_loop:
         print(f"design (fixed before the run): open loop; {args.pairs} pairs per mode, alternating; window "
               f"{args.window}s = the period of one seeded arrival schedule (seed {args.seed}, {args.rate}/s); per "
-              f"pair and mode one period discarded, then steady, then publication at a seeded offset in [0.1, 0.6] "
-              f"of the window; buckets <= {args.bucket_bytes} bytes; fixture {args.fixture}", flush=True)
+              f"pair and mode {args.settle} periods discarded, then control, steady, and publication at a seeded "
+              f"offset in [0.1, 0.6] of the window; buckets <= {args.bucket_bytes} bytes; fixture {args.fixture}",
+              flush=True)
     else:
         print(f"design (fixed before the run): closed loop; {args.pairs} pairs per mode, alternating; window "
               f"{args.window}s; publication at +{args.offset}s; warm-up {args.warmup}s discarded before every pair; "
