@@ -7,11 +7,13 @@ import asyncio
 import base64
 import itertools
 import json
+import re
 import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from datetime import datetime
 from pathlib import Path
 
 import pytest
@@ -313,16 +315,31 @@ def test_begin_takes_the_manifest_of_a_full_size_adapter(engines) -> None:
     run(body())
 
 
+# A forward pass as the scheduler logs it (SGLang 0.5.23's `SchedulerMetricsReporter.report_prefill_stats` /
+# `report_decode_stats`: every prefill, and a decode line every `decode_log_interval` = 40 steps), with its second.
+SCHEDULER_STEP = re.compile(rb"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d)\] (?:Decode|Prefill) batch", re.MULTILINE)
+
+
+def scheduler_steps(log: Path, offset: int) -> list[float]:
+    """The wall-clock second of every forward pass the engine logged past `offset` in its log."""
+    return [datetime.strptime(m.group(1).decode(), "%Y-%m-%d %H:%M:%S").timestamp()
+            for m in SCHEDULER_STEP.finditer(log.read_bytes()[offset:])]
+
+
 def test_decode_keeps_progressing_while_the_sender_stalls_mid_attempt(engines, fixtures) -> None:
-    """A scheduler that waited for a bucket's missing bytes would stop decode for the whole bucket deadline: the
-    first chunk held back until the 504, or one gap between chunks of about `deadline_s`. So decode must start
-    before the refusal and go on after it (the stall lies inside the decode), and no gap may reach half the
-    deadline. The deadline is long (12 s) so that a stopped scheduler and a loaded host stay far apart: on the
-    2-core CI host a healthy decode has shown gaps of 1.2 s and once 4.2 s; a stopped one shows about 12 s.
-    One request cannot outlast it (the fixture's context is 2048 tokens), so requests follow each other until
-    one ends after the refusal; the gap between two of them (a prefill) counts like any other."""
+    """A scheduler that waited for a bucket's missing bytes would stop its forward passes for the whole bucket
+    deadline. So the engine's own record of its forward passes (its log) must go on before, through and after
+    the refusal, with no gap reaching half the deadline (12 s: a stopped scheduler and a loaded host stay far
+    apart). One request cannot outlast the deadline (the fixture's context is 2048 tokens), so requests follow
+    each other until one ends after the refusal.
+
+    The client's chunk arrivals are printed beside it, not asserted: in one CI run (2026-12-03, b6aac64's
+    clean clone) they paused 8.96 s while the engine log showed decode batches in every one of those seconds
+    and the rest of the stream came at the request's end, so the client's view measures the HTTP stream's
+    delivery as much as the scheduler."""
     deadline_s = 12.0
     tokens = 1800  # per request: several seconds of decode at the few hundred tokens a second of this host
+    log = engines.e1.config.log_path
 
     async def body() -> None:
         async with linked(engines.e1) as (client, link):
@@ -330,13 +347,15 @@ def test_decode_keeps_progressing_while_the_sender_stalls_mid_attempt(engines, f
             attempt = _attempt()
             await link.begin(candidate, attempt, bucket_deadline_s=deadline_s)
             await link.transfer_bucket(candidate, attempt, 0)
+            offset = log.stat().st_size
 
             # The publisher stops sending: bucket 1 is requested but its bytes never come.
             stalled = asyncio.create_task(client.managed("receive_bucket", lora_name=candidate.lora_name,
                                                          attempt_token=attempt, incarnation=link.incarnation,
                                                          index=1))
+            asked_at = time.time()
             refused_at: list[float] = []
-            stalled.add_done_callback(lambda _task: refused_at.append(time.monotonic()))
+            stalled.add_done_callback(lambda _task: refused_at.append(time.time()))
             arrivals: list[float] = []
             for _ in range(6):  # a bound, not a target: about 2 requests on an idle host, 4 on a loaded one
                 progress = await client.stream_progress(PROMPT, None, tokens)
@@ -348,14 +367,17 @@ def test_decode_keeps_progressing_while_the_sender_stalls_mid_attempt(engines, f
                 await stalled
             assert missed.value.reason == "BUCKET_DEADLINE" and missed.value.status_code == 504
 
-            gaps = [later - earlier for earlier, later in itertools.pairwise(arrivals)]
-            longest = max(range(len(gaps)), key=gaps.__getitem__)
-            where = (f"longest gap {gaps[longest]:.3f}s from {arrivals[longest] - arrivals[0]:.3f}s into the "
-                     f"decode; refused at {refused_at[0] - arrivals[0]:.3f}s, decode ended at "
-                     f"{arrivals[-1] - arrivals[0]:.3f}s (bucket deadline {deadline_s}s)")
-            print(f"decode during stalled transfer: {len(arrivals)} chunks, {where}")
-            assert arrivals[0] < refused_at[0] < arrivals[-1], f"the stall did not lie inside the decode: {where}"
-            assert max(gaps) < deadline_s / 2, where
+            steps = scheduler_steps(log, offset)
+            step_gaps = [later - earlier for earlier, later in itertools.pairwise(steps)]
+            client_gap = max(later - earlier for earlier, later in itertools.pairwise(arrivals))
+            where = (f"{len(steps)} forward passes logged from {steps[0] - asked_at:+.0f}s to "
+                     f"{steps[-1] - asked_at:+.0f}s of the stalled receive, longest gap {max(step_gaps):.0f}s (1 s "
+                     f"resolution); refused at {refused_at[0] - asked_at:+.1f}s (bucket deadline {deadline_s}s); "
+                     f"client: {len(arrivals)} chunks, longest gap {client_gap:.2f}s")
+            print(f"decode during stalled transfer: {where}")
+            # Log seconds are truncated: a pass logged in the refusal's second lies at or before it.
+            assert steps[0] <= refused_at[0] < steps[-1] + 1, f"the stall did not lie inside the decode: {where}"
+            assert max(step_gaps) < deadline_s / 2, where
             await link.cleanup(candidate.lora_name, attempt)
 
     run(body())
