@@ -10,7 +10,7 @@ import httpx
 import psutil
 import pytest
 
-from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, EngineStartError
+from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, EngineStartError, free_port_block
 from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV
 
 
@@ -78,3 +78,13 @@ def test_a_killed_owner_takes_its_engine_process_group_down() -> None:
         alive = [p for p in alive if psutil.pid_exists(p) and psutil.Process(p).status() != "zombie"]
         time.sleep(0.2)
     assert alive == []
+
+
+def test_engine_ports_are_drawn_below_the_ephemeral_range_so_a_restart_finds_its_port_unclaimed() -> None:
+    # A port from bind(0) is ephemeral: while an engine restarts on it, any outgoing connection on the
+    # host may be handed the same port (a clean-clone CI run saw Errno 98 on port 46477 this way).
+    with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+        ephemeral_low = int(f.read().split()[0])
+    bases = [free_port_block() for _ in range(50)]
+    assert all(30000 <= base and base + 20 < ephemeral_low for base in bases), bases
+    assert len(set(bases)) > 1  # drawn, not one fixed port that parallel runs would share

@@ -8,6 +8,7 @@ pid, which leaves no orphan scheduler or detokenizer behind.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -242,14 +243,28 @@ def _signal_group(pgid: int, sig: signal.Signals) -> None:
 
 
 def free_port_block(size: int = 20, host: str = "127.0.0.1") -> int:
-    """A base port with `size` free ports above it (SGLang takes a few ports next to --port)."""
+    """A base port with `size` free ports above it (SGLang takes a few ports next to --port).
+
+    Drawn below the kernel's ephemeral range, between SGLang's own draws (22000-29999, its
+    `get_free_port_below_ephemeral`) and that range: a port from `bind(0)` is ephemeral, and while an
+    engine restarts on its port (stopped, then ~60 s of start before uvicorn binds) any outgoing
+    connection on the host may be handed the same port, and the restarted server fails with
+    `[Errno 98] address already in use` (seen in a clean-clone CI run, on port 46477)."""
+    low, high = 30000, _ephemeral_low() - 1 - size
+    if high <= low:  # an unusual ephemeral range: fall back to the kernel's choice
+        low, high = 1024, 65000 - size
     for _ in range(200):
-        with socket.socket() as probe:
-            probe.bind((host, 0))
-            base = int(probe.getsockname()[1])
-        if base + size < 65000 and all(_port_free(host, base + offset) for offset in range(size)):
+        base = random.randint(low, high)
+        if all(_port_free(host, base + offset) for offset in range(size)):
             return base
     raise RuntimeError("no free port block")
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
 
 
 def _port_free(host: str, port: int) -> bool:
