@@ -86,5 +86,5 @@ def test_engine_ports_are_drawn_below_the_ephemeral_range_so_a_restart_finds_its
     with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
         ephemeral_low = int(f.read().split()[0])
     bases = [free_port_block() for _ in range(50)]
-    assert all(30000 <= base and base + 20 < ephemeral_low for base in bases), bases
+    assert all(base >= 30000 and base + 20 < ephemeral_low for base in bases), bases
     assert len(set(bases)) > 1  # drawn, not one fixed port that parallel runs would share

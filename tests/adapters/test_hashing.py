@@ -244,10 +244,11 @@ def staged(kind: str, max_bucket_bytes: int = 3000) -> tuple[Manifest, BucketPla
     return manifest, plan, pack_all(tensors, plan)
 
 
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "after-last-bucket"])
 @pytest.mark.parametrize("kind", ["sha256", V2_HASH])
-def test_pipelined_verifier_accepts_buckets_in_any_order(kind: str) -> None:
+def test_pipelined_verifier_accepts_buckets_in_any_order(kind: str, pipelined: bool) -> None:
     manifest, plan, flats = staged(kind)
-    verifier = StashVerifier(manifest, plan, threads=2)
+    verifier = StashVerifier(manifest, plan, threads=2, pipelined=pipelined)
     order = list(range(len(flats)))
     random.Random(5).shuffle(order)
     for index in order:
@@ -256,14 +257,15 @@ def test_pipelined_verifier_accepts_buckets_in_any_order(kind: str) -> None:
     verifier.finish(manifest.digest)
 
 
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "after-last-bucket"])
 @pytest.mark.parametrize("kind", ["sha256", V2_HASH])
-def test_pipelined_verifier_refuses_a_corrupted_bucket_with_the_typed_mismatch(kind: str) -> None:
+def test_pipelined_verifier_refuses_a_corrupted_bucket_with_the_typed_mismatch(kind: str, pipelined: bool) -> None:
     manifest, plan, flats = staged(kind)
     for index, bucket in enumerate(plan.buckets):  # a flipped bit in each bucket in turn
         slot = bucket.slots[-1]
         corrupted = [f.clone() for f in flats]
         corrupted[index][slot.offset + slot.nbytes // 2] ^= 0x10
-        verifier = StashVerifier(manifest, plan)
+        verifier = StashVerifier(manifest, plan, pipelined=pipelined)
         for i, flat in enumerate(corrupted):
             verifier.bucket_landed(i, flat)
         with pytest.raises(ManifestMismatch) as info:
@@ -277,9 +279,10 @@ def test_pipelined_verifier_refuses_a_corrupted_bucket_with_the_typed_mismatch(k
         assert same.value.mismatches == info.value.mismatches
 
 
-def test_pipelined_verifier_reports_missing_buckets_and_a_wrong_digest() -> None:
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "after-last-bucket"])
+def test_pipelined_verifier_reports_missing_buckets_and_a_wrong_digest(pipelined: bool) -> None:
     manifest, plan, flats = staged(V2_HASH)
-    verifier = StashVerifier(manifest, plan)
+    verifier = StashVerifier(manifest, plan, pipelined=pipelined)
     for index in range(len(flats) - 1):
         verifier.bucket_landed(index, flats[index])
     with pytest.raises(ManifestMismatch) as info:
@@ -290,14 +293,39 @@ def test_pipelined_verifier_reports_missing_buckets_and_a_wrong_digest() -> None
     assert set(kinds[1:]) == {MismatchKind.MISSING}
 
 
-def test_pipelined_verifier_turns_a_hashing_failure_into_a_refusal_not_a_crash() -> None:
+@pytest.mark.parametrize("pipelined", [True, False], ids=["pipelined", "after-last-bucket"])
+def test_pipelined_verifier_turns_a_hashing_failure_into_a_refusal_not_a_crash(pipelined: bool) -> None:
     manifest, plan, flats = staged("sha256")
-    verifier = StashVerifier(manifest, plan)
+    verifier = StashVerifier(manifest, plan, pipelined=pipelined)
     verifier.bucket_landed(0, flats[0][:-1])  # a buffer of the wrong size: the receive path never raises
     for index in range(1, len(flats)):
         verifier.bucket_landed(index, flats[index])
     with pytest.raises(RuntimeError, match="hashing bucket 0 failed: PlanMismatch"):
         verifier.finish(manifest.digest)
+
+
+def test_the_after_last_bucket_baseline_hashes_nothing_until_finish(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The baseline benchmarks/end_phase.py measures the pipelined verifier against: today's verification,
+    # every hash after the last bucket. (The pipelined one starts a bucket's hashes as it lands.)
+    from versioned_lora.adapters import stash_verifier
+
+    submitted: list[int] = []
+    real = stash_verifier.submit_buffers
+
+    def counting(buffers, *args, **kwargs):  # type: ignore[no-untyped-def]
+        submitted.append(len(buffers))
+        return real(buffers, *args, **kwargs)
+
+    monkeypatch.setattr(stash_verifier, "submit_buffers", counting)
+    manifest, plan, flats = staged(V2_HASH)
+    for pipelined, before_finish in ((False, 0), (True, len(flats))):
+        submitted.clear()
+        verifier = StashVerifier(manifest, plan, threads=1, pipelined=pipelined)
+        for index, flat in enumerate(flats):
+            verifier.bucket_landed(index, flat)
+        assert len(submitted) == before_finish
+        verifier.finish(manifest.digest)
+        assert len(submitted) == len(flats) and sum(submitted) == len(manifest.tensors)
 
 
 # ---- the GPU kernel's source, under Triton's interpreter ----------------------------------------------------

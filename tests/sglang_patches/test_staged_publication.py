@@ -93,6 +93,10 @@ def test_happy_path_over_buckets_probe_matches_a_peft_forward(engines, fixtures,
                 candidate.lora_name, candidate.snapshot.digest, attempt, link.incarnation)
             probe = ready["adapter"]["probe"]
             assert ready["adapter"]["lora_id"] and ready["adapter"]["pinned"]
+            # Where `end` spent its time, as the status view reports it (benchmarks/end_phase.py reads these).
+            parts = ready["adapter"]["end_parts"]
+            assert set(parts) == {"verify_wait_s", "verify_tail_s", "load_s", "probe_s"}, parts
+            assert all(isinstance(v, float) and 0 <= v < 60 for v in parts.values()), parts
             assert expected.matches(probe["token_id"], probe["logprob"]), (probe, expected, PROBE_EPSILON)
             served = await client.generate(PROMPT, candidate.lora_name, 1)
             assert served.logprobs[0] == pytest.approx(probe["logprob"], abs=1e-6)
@@ -414,3 +418,17 @@ def test_rehydrate_after_a_real_restart_restores_identical_logprobs(engines, fix
             await _reclaim(link, candidate.lora_name)
 
     run(after_restart())
+
+
+def test_an_engine_verifies_pipelined_unless_told_to_run_the_after_last_bucket_baseline(fixtures) -> None:
+    from versioned_lora.sglang_patches.managed.scheduler_side import StashStore
+
+    candidate = _candidate(fixtures.adapters["A"])
+    manifest, plan = candidate.snapshot.manifest, candidate.plan
+    for mode, pipelined, threads in (("pipelined", True, None), ("after-last-bucket", False, 1)):
+        store = StashStore("cpu", mode)
+        store.allocate("attempt-1", plan.to_json(), manifest.to_json(), "group")
+        verifier = store.stashes["attempt-1"].hashing
+        assert (verifier.pipelined, verifier.threads) == (pipelined, threads), mode
+    with pytest.raises(ValueError, match="VERSIONED_LORA_VERIFY_MODE='serial'"):
+        StashStore("cpu", "serial")

@@ -12,6 +12,11 @@ is refused with the same typed `ManifestMismatch` (the engine answers MANIFEST_M
 dtype and shape are the plan's (the receiver views the bytes by the plan), so a plan that does not
 describe the manifest shows as those mismatches too; a bucket that never landed leaves its tensors missing.
 
+`StashVerifier(..., pipelined=False)` is the verification as it was before: nothing is hashed until
+`finish`, then everything at once (with `threads=1`, on one thread). It is kept as the baseline a
+benchmark measures the pipelined verifier against in the same run (`benchmarks/end_phase.py`; an engine
+runs it when started with `VERIFY_MODE_ENV` set to `after-last-bucket`), never as the engine's default.
+
 Nothing here imports SGLang: the engine's scheduler uses this class (`scheduler_side.StashStore`), and so
 does the GPU benchmark (`gpu_validation.verify_bench`) on machines without SGLang.
 """
@@ -69,10 +74,14 @@ class _HostCopy:
 class StashVerifier:
     """Hash each bucket of one stash as it lands; `finish` compares everything with the manifest."""
 
-    def __init__(self, manifest: Manifest, plan: BucketPlan, threads: int | None = None) -> None:
+    def __init__(
+        self, manifest: Manifest, plan: BucketPlan, threads: int | None = None, *, pipelined: bool = True
+    ) -> None:
         self.manifest = manifest
         self.plan = plan
         self.threads = threads
+        self.pipelined = pipelined
+        self._deferred: dict[int, torch.Tensor] = {}  # not pipelined: landed buckets, hashed at finish
         self.chunk = chunk_size(manifest.hash_kind)
         self._lock = threading.Lock()
         self._landed: dict[int, Callable[[], dict[str, str]]] = {}
@@ -101,7 +110,10 @@ class StashVerifier:
         """Start hashing bucket `index` (its received buffer, complete on the current stream) and return at
         once. A second call for the same bucket is ignored (a stashed bucket is never received twice)."""
         with self._lock:
-            if index in self._landed or index in self._failures:
+            if index in self._landed or index in self._failures or index in self._deferred:
+                return
+            if not self.pipelined:
+                self._deferred[index] = flat
                 return
             try:
                 self._landed[index] = self._start(index, flat)
@@ -134,6 +146,12 @@ class StashVerifier:
         """Wait for every landed bucket's hashes and compare with the manifest; raises ManifestMismatch
         listing every difference (or RuntimeError if hashing itself failed)."""
         with self._lock:
+            deferred, self._deferred = self._deferred, {}
+            for index in sorted(deferred):
+                try:
+                    self._landed[index] = self._start(index, deferred[index])
+                except Exception as exc:  # as in bucket_landed: a refusal, never an escape
+                    self._failures[index] = f"hashing bucket {index} failed: {type(exc).__name__}: {exc}"
             landed = dict(self._landed)
             failures = dict(self._failures)
         if failures:

@@ -28,6 +28,11 @@ PATCHES_ENV = "VERSIONED_LORA_PATCHES"  # which patch set to apply (sglang_patch
 EXIT_WITH_PARENT_ENV = "VERSIONED_LORA_EXIT_WITH_PARENT"  # the engine exits when the process that started it does
 STAGING_ADDRESS_ENV = "VERSIONED_LORA_STAGING_ADDRESS"  # the HTTP server's channel to the scheduler's stash
 TEST_HOLD_POINTS_ENV = "VERSIONED_LORA_TEST_HOLD_POINTS"  # "1": the test-only hold points may be armed
+# How the scheduler verifies a stash: "pipelined" (the default: each bucket hashed as it lands) or
+# "after-last-bucket" (every hash after the last bucket, on one thread: the verification as it was before,
+# kept only as the baseline benchmarks/end_phase.py measures the default against in the same run).
+VERIFY_MODE_ENV = "VERSIONED_LORA_VERIFY_MODE"
+VERIFY_MODES = ("pipelined", "after-last-bucket")
 
 
 # ---- transfer groups

@@ -85,6 +85,10 @@ class LoadedInstance:
     lora_id: str
     loaded_at: float
     probe: dict[str, Any] | None = None
+    # Where the `end` that loaded it spent its time (seconds): `verify_wait_s` waiting for the verdict,
+    # `verify_tail_s` the scheduler's last bucket landed -> verified, `load_s`, `probe_s`. Diagnostics for
+    # the status view and benchmarks/end_phase.py; nothing decides on them.
+    end_parts: dict[str, float | None] = attrs.field(factory=dict)
 
 
 class ManagedEngine:
@@ -168,17 +172,26 @@ class ManagedEngine:
 
     async def end(self, name: str, attempt_token: str, incarnation: int, probe_input_ids: list[int]) -> Any:
         source = self.sources.get((name, attempt_token))
+        began = time.monotonic()
         verdict = await source.verify() if source is not None else None
+        verified = time.monotonic()
         # A rejected manifest is a refusal that still changes state (STAGING -> CLEANED, stash freed):
         # run the row's effects first, then answer with the verdict's detail.
         manifest_ok = verdict is None or verdict.ok
         result, effects = self.step(EndStaging(name, attempt_token, incarnation, manifest_ok=manifest_ok))
         await self._run_effects(effects, attempt_token)
+        loaded = time.monotonic()
         if isinstance(result, Rejected):
             raise ProtocolRefusal(result, verdict.detail if verdict is not None and not verdict.ok else "")
         instance = self.loaded.get(name)
         if instance is not None and instance.probe is None:
             probe = await self._probe(name, probe_input_ids)
+            instance.end_parts = {
+                "verify_wait_s": round(verified - began, 6),
+                "verify_tail_s": verdict.tail_s if verdict is not None else None,
+                "load_s": round(loaded - verified, 6),
+                "probe_s": round(time.monotonic() - loaded, 6),
+            }
             if not math.isfinite(probe["logprob"]):
                 await self._refuse_candidate(name, attempt_token, probe)
             instance.probe = probe
@@ -330,6 +343,7 @@ class ManagedEngine:
                     "reclaim_receipt": self.reclaim_receipts.get(name),
                     "absent": adapter.absent,
                     "probe": instance.probe if instance else None,
+                    "end_parts": instance.end_parts if instance else None,
                 }
             )
         return {"incarnation": self.incarnation, "managed": adapters}

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import datetime
 import logging
+import os
 import threading
 import time
 from typing import Any
@@ -35,7 +36,7 @@ from versioned_lora.adapters.transfer import (
 )
 from versioned_lora.sglang_patches.managed import staging_channel
 from versioned_lora.sglang_patches.mechanism import replace_attribute
-from versioned_lora.spec.wire import EngineRefusal
+from versioned_lora.spec.wire import VERIFY_MODE_ENV, VERIFY_MODES, EngineRefusal
 
 logger = logging.getLogger(__name__)
 
@@ -70,6 +71,7 @@ class Stash:
     received: set[int] = attrs.field(factory=set)
     verifier: threading.Thread | None = None
     verdict: dict[str, Any] | None = None
+    last_landed_at: float | None = None  # time.monotonic() when the last bucket landed: the verify tail's start
 
     @property
     def tensors(self) -> dict[str, Any]:
@@ -80,8 +82,11 @@ class Stash:
 class StashStore:
     """Everything staging keeps in the scheduler process, keyed by group name and attempt token."""
 
-    def __init__(self, device: str) -> None:
+    def __init__(self, device: str, verify_mode: str = "pipelined") -> None:
+        if verify_mode not in VERIFY_MODES:
+            raise ValueError(f"{VERIFY_MODE_ENV}={verify_mode!r}: expected one of {VERIFY_MODES}")
         self.device = device
+        self.verify_mode = verify_mode
         self.groups: dict[str, Group] = {}
         self.stashes: dict[str, Stash] = {}
         self.collectives = 0  # receives started: a duplicate receive must not add one
@@ -147,7 +152,8 @@ class StashStore:
     def allocate(self, attempt: str, plan_json: str, manifest_json: str, group: str) -> dict[str, Any]:
         if attempt not in self.stashes:
             plan, manifest = BucketPlan.from_json(plan_json), Manifest.from_json(manifest_json)
-            hashing = StashVerifier(manifest, plan)
+            hashing = (StashVerifier(manifest, plan) if self.verify_mode == "pipelined"
+                       else StashVerifier(manifest, plan, threads=1, pipelined=False))
             hashing.prepare(self.device)
             self.stashes[attempt] = Stash(plan, manifest, group, hashing)
         return {"buckets": len(self.stashes[attempt].plan.buckets)}
@@ -182,6 +188,7 @@ class StashStore:
         stash.received.add(index)
         stash.hashing.bucket_landed(index, flat)  # returns at once; its errors come back as the verdict
         if len(stash.received) == len(stash.plan.buckets):
+            stash.last_landed_at = time.monotonic()
             # The last bucket is in: verify now, while the publisher's `end` is still on its way (the
             # digest checked is the manifest's, which `begin` matched against the declared one).
             self.start_verify(attempt, stash.manifest.digest)
@@ -211,7 +218,10 @@ class StashStore:
         except Exception as exc:  # whatever stops the check rejects the candidate (a verdict, never a hang)
             detail = str(exc) if isinstance(exc, ManifestError) else f"{type(exc).__name__}: {exc}"
             return {"ok": False, "detail": detail}
-        return {"ok": True}
+        # The tail: last bucket landed -> verified (what a pipelined verifier shortens; None for a verify
+        # started before every bucket was in, which only a missing bucket's refusal does).
+        landed = stash.last_landed_at
+        return {"ok": True, "tail_s": None if landed is None else round(time.monotonic() - landed, 6)}
 
     def verified(self, attempt: str) -> tuple[dict[str, Any], dict[str, Any]]:
         """The tensors and PEFT config of a stash that passed verification, for SGLang's LoRA manager.
@@ -250,7 +260,8 @@ def store() -> StashStore:
     if _store is None:
         import torch
 
-        _store = StashStore("cuda" if torch.cuda.is_available() else "cpu")
+        _store = StashStore("cuda" if torch.cuda.is_available() else "cpu",
+                            os.environ.get(VERIFY_MODE_ENV, "pipelined"))
     return _store
 
 
@@ -309,6 +320,7 @@ def _serve_channel() -> None:
         if torch.cuda.is_available():  # receive buffers on this scheduler's GPU, not on device 0
             torch.cuda.set_device(get_device().gpu_id)
 
+    store()  # built now, so that a bad VERIFY_MODE_ENV stops the engine's start with its message
     staging_channel.serve(dispatch, on_thread_start)
 
 

@@ -36,6 +36,7 @@ from versioned_lora.spec.wire import EngineRefusal
 class Verdict:
     ok: bool
     detail: str = ""
+    tail_s: float | None = None  # last bucket landed -> verified, where the source has buckets
 
 
 @attrs.frozen
@@ -174,7 +175,7 @@ class DistributedSource:
             return Verdict(False, "verification did not finish in time")
         if not answer["ok"]:
             return Verdict(False, answer["detail"])
-        return Verdict(True)
+        return Verdict(True, tail_s=answer.get("tail_s"))
 
     async def load(self, stock: StockLoads) -> Any:
         from sglang.srt.managers.io_struct import LoadLoRAAdapterFromTensorsReqInput
