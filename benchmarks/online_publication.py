@@ -12,7 +12,8 @@ two modes:
 Two methods (`--method`); the design of each is fixed before the run and printed first.
 
 - open-loop (the default, and the figures; issue 22 part 6): sessions arrive on one seeded arrival schedule
-  (`--rate` Poisson arrivals drawn once from `--seed`, truncated to one `--window` period), repeated period
+  (round(`--rate` x `--window`) arrivals at uniform offsets drawn once from `--seed`: the rate's count, not a
+  Poisson draw of it, which for one short period is often far off), repeated period
   after period: every window is offered the same requests at the same offsets, so the steady window of a
   pair is a like-for-like baseline for its publication window. A closed-loop run cannot resolve a 1% effect:
   its workers slow down with the engine, and its windows moved between 25 and 57 tokens/s on a quiet host
