@@ -58,7 +58,6 @@ def start_pair(fixtures: Any, mode: str, token: str, workdir: Path, tag: str) ->
                                     log_path=workdir / "logs" / f"{tag}-E{index}.log",
                                     max_lora_rank=fixtures.lora_rank, lora_target_modules=fixtures.target_modules,
                                     env=env))
-        time.sleep(0.2)  # two port blocks drawn at the same instant could overlap
     return start_all(configs)
 
 

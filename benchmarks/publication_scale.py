@@ -202,7 +202,6 @@ def start(fixtures: Fixtures, count: int, token: str, log_dir: Path, tag: str) -
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
                                     log_path=log_dir / f"{tag}-E{index}.log", max_lora_rank=fixtures.lora_rank,
                                     lora_target_modules=fixtures.target_modules, env=env))
-        time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     return start_all(configs)
 
 

@@ -88,3 +88,5 @@ def test_engine_ports_are_drawn_below_the_ephemeral_range_so_a_restart_finds_its
     bases = [free_port_block() for _ in range(50)]
     assert all(base >= 30000 and base + 20 < ephemeral_low for base in bases), bases
     assert len(set(bases)) > 1  # drawn, not one fixed port that parallel runs would share
+    for i, base in enumerate(bases):  # blocks drawn back to back (engines started together) never overlap
+        assert all(abs(base - other) >= 20 for other in bases[max(0, i - 15) : i]), (i, bases)

@@ -61,7 +61,6 @@ def four_engines(engines: Any, fixtures: Fixtures, tmp_path_factory: pytest.Temp
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
                                     log_path=log_dir / f"E{index}.log", extra_args=TEST_ENGINE_ARGS,
                                     env=engine_env()))
-        time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     extra = start_all(configs)
     try:
         yield [engines.e0, engines.e1, *extra]

@@ -164,7 +164,6 @@ def scale_engines(
             max_lora_rank=scale_fixtures.lora_rank, lora_target_modules=scale_fixtures.target_modules,
             extra_args=TEST_ENGINE_ARGS, env=engine_env(),
         )))
-        time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     for index, engine in enumerate(engines):
         memory.engines[f"E{index}"] = engine
     seconds: dict[str, float] = {}

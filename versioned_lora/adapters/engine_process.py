@@ -7,6 +7,7 @@ pid, which leaves no orphan scheduler or detokenizer behind.
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import signal
@@ -255,9 +256,17 @@ def free_port_block(size: int = 20, host: str = "127.0.0.1") -> int:
         low, high = 1024, 65000 - size
     for _ in range(200):
         base = random.randint(low, high)
+        # Blocks drawn for engines started together (start_all) are all drawn before any engine binds, so
+        # "free" cannot tell them apart: keep clear of the blocks handed out last as well.
+        if any(abs(base - earlier) < size for earlier in _recent_blocks):
+            continue
         if all(_port_free(host, base + offset) for offset in range(size)):
+            _recent_blocks.append(base)
             return base
     raise RuntimeError("no free port block")
+
+
+_recent_blocks: collections.deque[int] = collections.deque(maxlen=16)
 
 
 def _ephemeral_low() -> int:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import random
 import secrets
-import time
 import uuid
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -49,7 +48,6 @@ def start_engines(
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
                                     log_path=log_dir / f"E{index}.log", max_lora_rank=fixtures.lora_rank,
                                     lora_target_modules=fixtures.target_modules, env=env))
-        time.sleep(0.2)  # two port blocks picked at the same instant could overlap
     return start_all(configs)
 
 
