@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import datetime
 import json
+import socket
 import subprocess
 import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -29,11 +31,13 @@ PROCESS_TIMEOUT_S = 120
 class Peer:
     """One receiver process and its work directory."""
 
-    def __init__(self, workdir: Path, snapshot: Snapshot, plan: BucketPlan, name: str, *flags: str) -> None:
+    def __init__(self, workdir: Path, snapshot: Snapshot, plan: BucketPlan, name: str, *flags: str,
+                 store: Any = None) -> None:
         workdir.mkdir(parents=True)
         (workdir / "manifest.json").write_text(snapshot.manifest.to_json())
         (workdir / "plan.json").write_text(plan.to_json())
-        self.workdir, self.group_name, self.port = workdir, name, transfer.free_port()
+        self.workdir, self.group_name, self.store = workdir, name, store
+        self.port = transfer.free_port() if store is None else store.port
         cmd = [sys.executable, str(PEER), "--port", str(self.port), "--group-name", name, "--workdir", str(workdir)]
         self.proc = subprocess.Popen([*cmd, *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
 
@@ -45,6 +49,7 @@ class Peer:
             rank=0,
             group_name=self.group_name,
             timeout=GROUP_TIMEOUT,
+            store=self.store,
         )
 
     def finish(self) -> dict:
@@ -129,6 +134,27 @@ def test_single_receiver_gets_every_bucket_bit_exact_while_sender_is_held(
     assert summary["returncode"] == 0, summary["output"]
     assert summary["verified"] is True, summary.get("error")
     assert not any(summary["pending_polls"]), "bucket 1 completed while the sender was held"
+    assert_bit_exact(snapshot, peer.received())
+
+
+def test_a_receiver_joins_a_rank_zero_that_listened_first_on_a_port_the_kernel_chose(
+    tmp_path: Path, peers: list[Peer]
+) -> None:
+    """The publisher's way (EngineLink.connect): rank 0's store listens before the engine is asked to join, so
+    no other socket can take the port in between; the receiver joins over tcp:// as SGLang does."""
+    store = transfer.listen_for_transfer_group("127.0.0.1", 2, GROUP_TIMEOUT)
+    with socket.create_connection(("127.0.0.1", store.port), timeout=5):
+        pass  # already listening: nothing was asked to join yet
+    snapshot = mixed_dtype_snapshot()
+    plan = BucketPlan.build(snapshot.manifest, max_bucket_bytes=2100)
+    peer = Peer(tmp_path / "e0", snapshot, plan, "vlora-test-listened", store=store)
+    peers.append(peer)
+    group = peer.join()
+    report = send_all([group], snapshot, plan)
+    transfer.destroy_transfer_group(group)
+    summary = peer.finish()
+    assert report.ok, report
+    assert summary["returncode"] == 0 and summary["verified"] is True, summary["output"]
     assert_bit_exact(snapshot, peer.received())
 
 

@@ -21,8 +21,8 @@ from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.adapters.transfer import (
     BucketPlan,
     destroy_transfer_group,
-    free_port,
     init_transfer_group,
+    listen_for_transfer_group,
     pack_bucket,
     packed_buckets,
     send_bucket,
@@ -72,31 +72,29 @@ class EngineLink:
         device with NCCL. It must match the engine's side, which uses NCCL whenever its scheduler sees a GPU."""
         incarnation = int((await client.status())["incarnation"])
         group_name = transfer_group_name(incarnation, uuid.uuid4().hex[:8])
-        port = free_port(master_address)
-        publisher_side = asyncio.create_task(
-            asyncio.to_thread(
-                init_transfer_group,
-                master_address=master_address,
-                master_port=port,
-                rank=0,
-                group_name=group_name,
-                device=device,
-                timeout=datetime.timedelta(seconds=timeout_s),
-            )
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        store = await asyncio.to_thread(listen_for_transfer_group, master_address, 2, timeout)
+        publisher_side = asyncio.ensure_future(asyncio.to_thread(
+            init_transfer_group, master_address=master_address, master_port=store.port, rank=0,
+            group_name=group_name, device=device, timeout=timeout, store=store,
+        ))
+        engine_side = asyncio.ensure_future(client.managed(
+            "init_group", group_name=group_name, master_address=master_address, master_port=store.port,
+            timeout_s=timeout_s, http_timeout_s=timeout_s + 30,
+        ))
         try:
-            await client.managed(
-                "init_group",
-                group_name=group_name,
-                master_address=master_address,
-                master_port=port,
-                timeout_s=timeout_s,
-                http_timeout_s=timeout_s + 30,
-            )
+            # Whichever side fails first ends the join at once: the other would only wait out its timeout.
+            await asyncio.wait((publisher_side, engine_side), return_when=asyncio.FIRST_EXCEPTION)
+            for side in (publisher_side, engine_side):
+                if side.done() and (failure := side.exception()) is not None:
+                    raise failure
+            group = publisher_side.result()
         except BaseException:
-            publisher_side.cancel()
+            engine_side.cancel()
+            publisher_side.cancel()  # a thread still joining ends at its own timeout; its group is never used
+            if publisher_side.done() and not publisher_side.cancelled() and publisher_side.exception() is None:
+                destroy_transfer_group(publisher_side.result())
             raise
-        group = await publisher_side
         return cls(client, incarnation, group, group_name, device)
 
     def _identity(self, candidate: Candidate, attempt_token: str) -> dict[str, Any]:

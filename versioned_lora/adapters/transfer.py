@@ -36,6 +36,7 @@ from versioned_lora.adapters.manifest import (
 if TYPE_CHECKING:
     import torch
     import torch.distributed as dist
+    from torch._C._distributed_c10d import TCPStore
 
 PLAN_FORMAT = "versioned-lora/bucket-plan/v1"
 # Every tensor starts at a multiple of this, so the receiver can `view` its slice as any dtype (torch
@@ -774,7 +775,9 @@ def tcp_init_method(host: str, port: int) -> str:
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A currently free TCP port for a group's rendezvous (rank 0 listens on it)."""
+    """A currently free TCP port for a group's rendezvous (rank 0 listens on it). Racy by nature: another
+    socket (an outgoing connection's local port) may take it before rank 0 listens. Tests and benchmarks
+    that start both ranks themselves use it; a publisher uses `listen_for_transfer_group`, which has no race."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     with socket.socket(family, socket.SOCK_STREAM) as probe:
         probe.bind((host, 0))
@@ -796,14 +799,16 @@ def _custom_process_group_factory() -> Callable[..., Any]:
 def _init_custom_process_group_without_sglang(
     *,
     backend: str,
-    init_method: str,
     world_size: int,
     rank: int,
     group_name: str,
     timeout: datetime.timedelta,
+    init_method: str | None = None,
+    store: Any = None,
 ) -> Any:
     """The steps of sglang.srt.utils.common.init_custom_process_group (0.5.23): a group outside the default
-    world, rendezvous over `init_method`, keys under a `group_name` prefix, ranks mapped 1:1."""
+    world, rendezvous over `init_method` with keys under a `group_name` prefix (or over a `store` given as it
+    is, as SGLang's does), ranks mapped 1:1."""
     from torch.distributed.distributed_c10d import (  # type: ignore[attr-defined]
         Backend,
         PrefixStore,
@@ -812,11 +817,13 @@ def _init_custom_process_group_without_sglang(
         rendezvous,
     )
 
-    store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
-    store.set_timeout(timeout)
+    if store is None:
+        assert init_method is not None
+        store, rank, world_size = next(rendezvous(init_method, rank, world_size, timeout=timeout))
+        store.set_timeout(timeout)
+        store = PrefixStore(group_name, store)
     options: dict[str, Any] = {"group_name": group_name, "backend_options": None, "timeout": timeout}
-    prefixed = PrefixStore(group_name, store)
-    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), prefixed, **options)
+    pg, _ = _new_process_group_helper(world_size, rank, [], Backend(backend), store, **options)
     _world.pg_group_ranks[pg] = {i: i for i in range(world_size)}
     return pg
 
@@ -831,6 +838,7 @@ def init_transfer_group(
     world_size: int = 2,
     timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT,
     backend: str | None = None,
+    store: TCPStore | None = None,
 ) -> dist.ProcessGroup:
     """Join the two-rank group of one engine: rank 0 the publisher, rank 1 the engine.
 
@@ -838,18 +846,38 @@ def init_transfer_group(
     issue the engine's join request concurrently (another thread or task). `group_name` must be unique
     among live groups in each process (torch refuses a duplicate): use one per engine incarnation.
     `timeout` bounds every later collective on the group: a bucket that has not arrived by then fails and
-    leaves the group unusable.
+    leaves the group unusable. `store`: rank 0's store from `listen_for_transfer_group`, already listening
+    on `master_port` (the other ranks reach it through `master_address:master_port` as before).
     """
+    from torch._C._distributed_c10d import PrefixStore
+
     init = _custom_process_group_factory()
+    where: dict[str, Any] = (
+        {"init_method": tcp_init_method(master_address, master_port)} if store is None
+        # Under the group's prefix, as rendezvous over init_method puts the other ranks' keys.
+        else {"store": PrefixStore(group_name, store)}
+    )
     group: dist.ProcessGroup = init(
         backend=backend or transfer_backend(device),
-        init_method=tcp_init_method(master_address, master_port),
         world_size=world_size,
         rank=rank,
         group_name=group_name,
         timeout=timeout,
+        **where,
     )
     return group
+
+
+def listen_for_transfer_group(
+    master_address: str = "127.0.0.1", world_size: int = 2, timeout: datetime.timedelta = DEFAULT_GROUP_TIMEOUT
+) -> TCPStore:
+    """Rank 0's rendezvous store, listening before any other rank is asked to join, on a port the kernel
+    picks as it binds (port 0; `.port` says which). A port chosen first and bound later (`free_port`) can
+    be taken in between by any outgoing connection's local port; the other rank then waits out its whole
+    timeout for a rank 0 that never listened."""
+    from torch._C._distributed_c10d import TCPStore
+
+    return TCPStore(master_address, 0, world_size, True, timeout, wait_for_workers=False)
 
 
 def destroy_transfer_group(group: dist.ProcessGroup) -> None:
