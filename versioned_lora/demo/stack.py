@@ -21,6 +21,7 @@ from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceP
 from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
+from versioned_lora.adapters.snapshot_store import SnapshotStore
 from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint, parse_key
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.lifecycle import VersionKey
@@ -105,7 +106,11 @@ class Stack:
         self.reference = reference or ReferenceModel(fixtures.model_dir)
         self.probe_check = ReferenceProbeCheck(self.reference, probe_prompt, probe_epsilon)
         self.deadlines = deadlines or Deadlines()
-        self.publisher = Publisher(self.registry, self.ports, self.probe_check, self.deadlines, on_phase=on_phase)
+        # Every committed version's bytes, by digest, in the deployment's work directory: what a rehydrate reads
+        # when the publisher that published the version is gone.
+        self.snapshots = SnapshotStore(workdir / "snapshots", bucket_bytes)
+        self.publisher = Publisher(self.registry, self.ports, self.probe_check, self.deadlines, on_phase=on_phase,
+                                   snapshots=self.snapshots)
         self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines)
         self.route = route or sticky_by_session(len(self.clients))
         self.backend = SGLangBackend(list(self.clients.values()), route=self.route, names=list(self.clients))

@@ -21,6 +21,9 @@ class Deadlines:
     begin: float = 30.0
     bucket: float = 30.0
     end: float = 120.0
+    # The wait, after the last engine's `end`, for the candidate's snapshot to be in the snapshot store (written
+    # beside the staging, so usually none); a store that cannot take it fails the attempt before its commit.
+    store: float = 60.0
     commit: float = 10.0
     abort: float = 10.0  # an abort's answer; past it (a lost reply) the outcome is UNKNOWN and nothing is cleaned
     report: float = 10.0  # an engine's cleanup receipt (CLEANED or UNKNOWN) reaching the registry

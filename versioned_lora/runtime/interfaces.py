@@ -6,6 +6,7 @@ adapters implement. Imports point toward the core: this module imports `lifecycl
   registry restart is answered from the registry's journal, never applied twice.
 * `GenerationBackend`: the engine-facing generate/abort call (SGLang over HTTP in production). It must
   never resend on its own: a lost reply is `OutcomeUnknown`, a certain refusal is `BackendFailure`.
+* `SnapshotStorePort`: the versions' bytes by digest, for a rehydrate after their publisher is gone.
 * `StagingEnginePort`: one engine's managed staging and reclaim calls, as the Publisher and the
   Reclaimer drive them: a lost reply is `EngineUnreachable`, a typed refusal `EngineRefused`.
 """
@@ -220,3 +221,15 @@ class StagingEnginePort(Protocol[CandidateT_contra]):
 
 
 ProbeCheck = Callable[[Any, int, float], bool]  # (candidate, probe token, probe logprob) -> matches
+
+
+class SnapshotStorePort(Protocol):
+    """Every committed version's bytes by digest, after the process that published it is gone (implemented by
+    `adapters.snapshot_store.SnapshotStore`). The Publisher writes each candidate before its commit is sent and
+    reads a version back to rehydrate it; reading verifies the bytes (a corrupt entry is refused, typed)."""
+
+    def put_candidate(self, candidate: Any) -> None: ...
+
+    def holds(self, digest: str) -> bool: ...
+
+    def candidate(self, digest: str, lora_name: str) -> Any: ...

@@ -19,6 +19,12 @@ landed (DESIGN.md §1, RFC §3.4):
 Cleanups and reclaims are only ever the effects of the registry's own answer (an abort row, a claim
 row), never derived from a read of the registry's view.
 
+A publisher given a snapshot store (`snapshots`, `interfaces.SnapshotStorePort`) writes each candidate there
+while the engines stage it and sends the commit only once it is written (a store that cannot take it fails the
+attempt before the commit), so every version the registry may serve can be rehydrated from the store by any
+publisher later, the one that published it alive or not (`rehydrate` without a candidate); `recover` commits a
+crashed publisher's attempt only if the store holds it.
+
 One publisher at a time (RFC §3): every publication runs under the registry's publisher lease. `publish`
 acquires it (the holder asking again renews it) before it reserves, renews it while the publication runs,
 and its Reserve and Commit carry the lease's fence; a publisher refused the lease is refused before reserve
@@ -65,6 +71,7 @@ from versioned_lora.runtime.interfaces import (
     ProbeCheck,
     RegistryPort,
     RegistryUnavailable,
+    SnapshotStorePort,
     StagingEnginePort,
 )
 from versioned_lora.spec.drivers import DriverOutcome
@@ -152,8 +159,12 @@ class Publisher:
         *,
         holder: str = DEFAULT_HOLDER,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        snapshots: SnapshotStorePort | None = None,
     ) -> None:
         self.registry = registry
+        # Where every version this publisher commits is written first, so that any publisher can rehydrate it
+        # after this one is gone (None: rehydrates need the caller's candidate).
+        self.snapshots = snapshots
         self.holder, self.lease_ttl_s = holder, lease_ttl_s
         self.fence: int | None = None  # the publisher lease's fence this publisher was granted last (None: none)
         self.engines = dict(engines)
@@ -238,14 +249,22 @@ class Publisher:
             return PublishOutcome(PublishStatus.REPLAYED, version, lora_name=candidate.lora_name,
                                   attempt_token=token, phases=phases, version_state=answer.result.state)
         stages = [e for e in answer.effects if isinstance(e, StageOnEngine)]
+        # Written while the engines stage (a file write of the whole adapter), finished before the commit is sent:
+        # a version the registry may serve is always in the store. Content-addressed, so a retry rewrites nothing.
+        stored = None if self.snapshots is None else asyncio.ensure_future(
+            asyncio.to_thread(self.snapshots.put_candidate, candidate))
         try:
             if answer.result.lora_name != candidate.lora_name or any(s.lora_name != candidate.lora_name
                                                                     for s in stages):
                 raise NameMismatch(f"registry reserved {answer.result.lora_name!r}, candidate is "
                                    f"{candidate.lora_name!r}")
             await self._stage(version, candidate, token, stages, phases)
+            if stored is not None:
+                await self._timed(phases, "store", stored)
         except Exception as exc:  # not committed: abort, and clean what the abort's answer names
             logger.warning("publication of %s failed before commit: %s; aborting", version, exc)
+            if stored is not None:
+                await asyncio.gather(stored, return_exceptions=True)  # its thread cannot be stopped; let it end
             status = await self.abort_and_clean(version, token, phases)
             return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=candidate.lora_name,
                                   attempt_token=token, phases=phases, detail=str(exc))
@@ -307,17 +326,27 @@ class Publisher:
                     self.fence = None
                 return
 
-    async def rehydrate(self, version: VersionKey, candidate: CandidatePort, engine: str) -> None:
+    async def rehydrate(self, version: VersionKey, candidate: CandidatePort | None, engine: str) -> None:
         """Stage a version on one restarted engine under the attempt the registry issued for it;
-        the default does not move."""
+        the default does not move. Without a candidate, the version's bytes are read from the snapshot store by
+        the digest the registry holds (verified on read): a publisher that never saw the version can rehydrate it."""
         view = await self.registry.publication_view()
-        placement = view.versions[version].placements[engine]
+        held = view.versions[version]
+        placement = held.placements[engine]
         if placement.state is PlacementState.READY:
             return
         assert placement.attempt_token is not None
+        if candidate is None:
+            candidate = await self._stored_candidate(held.digest, held.lora_name)
         stage = StageOnEngine(engine, version, candidate.lora_name, placement.attempt_token,
                               placement.incarnation, candidate.digest)
         await self._stage(version, candidate, placement.attempt_token, [stage], {})
+
+    async def _stored_candidate(self, digest: str, lora_name: str) -> CandidatePort:
+        if self.snapshots is None:
+            raise ValueError("rehydrate without a candidate needs a snapshot store (Publisher(snapshots=...))")
+        candidate: CandidatePort = await asyncio.to_thread(self.snapshots.candidate, digest, lora_name)
+        return candidate
 
     # ---- phases
     async def _stage(
@@ -429,8 +458,8 @@ class Publisher:
         """A publisher that crashed mid-attempt is finished by the next one: an attempt READY everywhere is
         committed (or its commit resolved); any other attempt still pending in the registry is aborted and
         cleaned as the abort's answer says (its snapshot died with the crashed publisher; committing it
-        would need READY everywhere, which a half-done attempt lacks). An unresolved commit of this
-        publisher is resolved first."""
+        would need READY everywhere, which a half-done attempt lacks; with a snapshot store, also its bytes in the
+        store). An unresolved commit of this publisher is resolved first."""
         outcomes = []
         if self.commit_unresolved:
             resolved = await self.resolve()
@@ -451,7 +480,10 @@ class Publisher:
         for key, version in pending:
             if version.state is VersionState.LOADING:
                 ready = all(p.state is PlacementState.READY for p in version.placements.values())
-                if ready:
+                # A publisher with a store commits only what the store holds (the crashed one wrote it before
+                # sending its commit; if it had not yet, nobody could rehydrate the version: abort it instead).
+                stored = self.snapshots is None or self.snapshots.holds(version.digest)
+                if ready and stored:
                     outcomes.append(await self._commit_and_resolve(key, version.lora_name, version.attempt_token, {},
                                                                    lease.fence))
                     if outcomes[-1].status is PublishStatus.UNKNOWN:
