@@ -36,6 +36,7 @@ from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.interfaces import BackendRequest, OutcomeUnknown
 from versioned_lora.runtime.publisher import PublishStatus
 from versioned_lora.runtime.reclaimer import ReclaimStatus
+from versioned_lora.runtime.supervisor import RestartSupervisor
 from versioned_lora.spec.states import PlacementState, VersionState
 
 ENGINE_HOLDS = ("load", "probe")  # phases held inside E1's own `end` (managed/hold_points.py)
@@ -133,8 +134,10 @@ async def _reconcile_e1(d: Deployment, engines: Any) -> None:
     await d.binder.generate(probe, PROMPT, 2)
     assert d.backend.sent["E1"] == sent
     await d.binder.finish(probe)
-    for key in held:
-        await d.publisher.rehydrate(key, d.candidates[key], "E1")
+    # The restart supervisor stages what the registry's answer to E1's incarnation names, from the snapshot store;
+    # cleanups and reclaims E1 is owed are left to `recover` and `reclaim` (below, and in the callers).
+    reconciled = await RestartSupervisor(d.publisher).reconcile("E1")
+    assert sorted(reconciled.rehydrated) == sorted(held) and not reconciled.failed, reconciled
     dispatch = await d.registry.dispatch_view(held)
     assert all(dispatch[key].engines == {"E0", "E1"} for key in held)
 

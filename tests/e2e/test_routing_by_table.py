@@ -4,18 +4,16 @@ in the engine's current incarnation (`lifecycle.queries.servable_on`, read throu
 Real Ray registry actor, two real engines, the Publisher and the SessionBinder over SGLangBackend. E1 is
 restarted (a new incarnation that holds nothing): before the registry adopts the new incarnation, E1's own
 refusal (VERSION_UNAVAILABLE) sends the same binding to E0; once adopted, no request for A goes to E1 until
-A's rehydrate there is READY; then E1 serves A again with the same numbers. The rehydrate is a new Publisher's,
-reading A from the snapshot store the first one wrote before its commit.
+A's rehydrate there is READY; then E1 serves A again with the same numbers. The rehydrate is another process's
+(`versioned-lora resolve --snapshots`: the restart supervisor over a new Publisher), reading A from the snapshot
+store the test's Publisher wrote before its commit.
 """
 
 from __future__ import annotations
 
 from engine_helpers import PROMPT, run
+from ops_helpers import cli, connection_args
 from test_publication_e2e import deployed
-
-from versioned_lora.adapters.reference_forward import ReferenceProbeCheck
-from versioned_lora.adapters.snapshot_store import SnapshotStore
-from versioned_lora.runtime.publisher import Publisher
 
 
 def test_a_restarted_engine_gets_no_request_for_a_version_until_ready_there(engines, fixtures, tmp_path) -> None:
@@ -47,13 +45,15 @@ def test_a_restarted_engine_gets_no_request_for_a_version_until_ready_there(engi
             assert (served.output_ids, served.logprobs) == (reference.output_ids, reference.logprobs)
             assert (sent["E1"] - before["E1"], sent["E0"] - before["E0"], d.binder.redispatched) == (0, 1, 1)
 
-            # Rehydrated by a publisher that never saw A (the one that published it may be gone): A's bytes come
-            # from the deployment's snapshot store, by the digest the registry holds, verified on read.
-            successor = Publisher(d.registry, d.ports, ReferenceProbeCheck(d.reference, d.probe_check.probe_input_ids,
-                                                                           d.probe_check.epsilon),
-                                  d.deadlines, snapshots=SnapshotStore(d.snapshots.root))
+            # Rehydrated by another process that never saw A (the publisher that published it may be gone): the
+            # operator's `versioned-lora resolve --snapshots DIR` runs the restart supervisor, which stages what the
+            # registry's answer to E1's incarnation names, A's bytes read from the deployment's snapshot store by
+            # the digest the registry holds, verified on read.
             assert d.snapshots.holds(a.digest)
-            await successor.rehydrate(a_version, None, "E1")
+            resolved = await cli("resolve", "--snapshots", str(d.snapshots.root), *connection_args(d, tmp_path))
+            assert resolved.code == 0, resolved.stdout + resolved.stderr
+            assert resolved.receipt()["resolved"] == [
+                {"version_id": "A", "action": "rehydrate E1", "status": "REHYDRATED", "reason": None}]
             assert (await d.registry.dispatch_view([a_version]))[a_version].engines == {"E0", "E1"}
             before = sent.copy()
             fourth = d.binder.open("S4@E1")

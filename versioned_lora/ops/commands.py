@@ -206,7 +206,14 @@ def _publisher(registry: RayRegistry, ports: dict[str, Any], args: argparse.Name
     model_dir = Path(args.model) if args.model else build_fixtures().model_dir
     probe_check = ReferenceProbeCheck(ReferenceModel(model_dir), PROBE_PROMPT)
     return Publisher(registry, ports, probe_check, on_phase=on_phase, holder=args.holder or default_holder(),
-                     lease_ttl_s=args.lease_ttl)
+                     lease_ttl_s=args.lease_ttl, snapshots=_snapshots(args))
+
+
+def _snapshots(args: argparse.Namespace) -> Any:
+    """The deployment's snapshot store (`--snapshots`), or None."""
+    from versioned_lora.adapters.snapshot_store import SnapshotStore
+
+    return SnapshotStore(args.snapshots, args.bucket_bytes) if args.snapshots else None
 
 
 async def _take_over_first(publisher: Any, args: argparse.Namespace, console: Console) -> None:
@@ -338,9 +345,11 @@ def reclaim(args: argparse.Namespace) -> int:
 
 
 def resolve(args: argparse.Namespace) -> int:
-    """Settle what unknown outcomes left, through the drivers, under the same keys: the Publisher's recovery
-    (an attempt READY everywhere is committed under its commit key; any other pending attempt is aborted and
-    cleaned as the abort's answer says), then every unfinished reclaim is claimed again (same claim key)."""
+    """Settle what unknown outcomes left, through the drivers, under the same keys: each engine's incarnation
+    reported (with `--snapshots`, the restart supervisor also rehydrates a restarted engine with every version
+    the registry's answer names, read from the store), the Publisher's recovery (an attempt READY everywhere is
+    committed under its commit key; any other pending attempt is aborted and cleaned as the abort's answer
+    says), then every unfinished reclaim is claimed again (same claim key)."""
 
     async def main() -> int:
         from versioned_lora.spec.states import VersionState
@@ -353,8 +362,18 @@ def resolve(args: argparse.Namespace) -> int:
         lines: list[dict[str, Any]] = []
         try:
             await _take_over_first(publisher, args, console)
-            with console.status("syncing engine incarnations"):
-                await publisher.sync_incarnations()
+            if publisher.snapshots is None:
+                with console.status("syncing engine incarnations"):
+                    await publisher.sync_incarnations()
+            else:
+                from versioned_lora.runtime.supervisor import RestartSupervisor
+
+                with console.status("syncing engine incarnations, rehydrating restarted engines"):
+                    for reconciled in await RestartSupervisor(publisher).reconcile_all():
+                        lines += [{"version_id": key.version_id, "action": f"rehydrate {reconciled.engine}",
+                                   "status": "REHYDRATED", "reason": None} for key in reconciled.rehydrated]
+                        lines += [{"version_id": key.version_id, "action": f"rehydrate {reconciled.engine}",
+                                   "status": "REHYDRATE_FAILED", "reason": why} for key, why in reconciled.failed]
             with console.status("recovering pending publication attempts"):
                 for outcome in await publisher.recover():
                     lines.append({"version_id": outcome.version.version_id, "action": "publication",
@@ -375,7 +394,7 @@ def resolve(args: argparse.Namespace) -> int:
                           + (f" {line['reason']}" if line["reason"] else ""))
         if not lines:
             console.print("nothing to resolve")
-        settled = {"COMMITTED", "FAILED_CLEAN", "RECLAIMED"}
+        settled = {"COMMITTED", "FAILED_CLEAN", "RECLAIMED", "REHYDRATED"}
         code = Exit.OK if all(line["status"] in settled for line in lines) else Exit.UNKNOWN
         print("RECEIPT " + json.dumps({"resolved": lines, "exit": int(code)}, sort_keys=True), flush=True)
         return int(code)
@@ -423,6 +442,11 @@ def add_lease_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--lease-ttl", type=float, default=60.0, help="seconds the lease lasts without a renewal")
 
 
+def add_snapshots_argument(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--snapshots", metavar="DIR", help="the deployment's snapshot store: publish writes the version "
+                   "there before its commit; resolve rehydrates restarted engines from it (default: none)")
+
+
 def add_commands(sub: Any) -> None:
     from versioned_lora.spec.states import Machine
 
@@ -440,6 +464,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--model", help="base model directory for the probe's reference forward (default: tiny fixture)")
     p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
     add_lease_arguments(p)
+    add_snapshots_argument(p)
     p.set_defaults(func=publish)
 
     p = sub.add_parser("reclaim", help="claim and reclaim what is eligible (or one version)")
@@ -451,7 +476,9 @@ def add_commands(sub: Any) -> None:
     p = sub.add_parser("resolve", help="settle unknown outcomes: recover pending attempts, finish reclaims")
     add_connection_arguments(p, token=True)
     p.add_argument("--model", help="base model directory for the probe's reference forward (default: tiny fixture)")
+    p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, help="bucket size of a rehydrate")
     add_lease_arguments(p)
+    add_snapshots_argument(p)
     p.set_defaults(func=resolve)
 
     p = sub.add_parser("diagram", help="print the Mermaid state diagram of the transition table")

@@ -179,14 +179,27 @@ class Publisher:
         # The last settle drivers this publisher ran, newest last (their fired rows say what decided an
         # outcome); bounded: a long job publishes thousands of versions.
         self.settle_loops: deque[DriverLoop] = deque(maxlen=16)
+        self._staging: set[str] = set()  # attempt tokens `publish` is staging now
 
     # ---- entry points
     async def sync_incarnations(self) -> None:
         """Tell the registry each engine's current incarnation (a restarted engine invalidates its READY
-        and, for versions it must hold, yields rehydrate attempts)."""
-        for name, engine in self.engines.items():
-            incarnation = await engine.incarnation()
-            await self.registry.submit(EngineRestarted(name, incarnation), key=f"incarnation:{name}:{incarnation}")
+        and, for versions it must hold, yields rehydrate attempts: `supervisor.RestartSupervisor` carries them out)."""
+        for name in self.engines:
+            await self.adopt_incarnation(name)
+
+    async def adopt_incarnation(self, engine: str) -> tuple[int, tuple[Any, ...]]:
+        """Report `engine`'s current incarnation; returns it and the registry's answer's effects (for a new
+        incarnation: a StageOnEngine per version the engine must hold, and the cleanups and reclaims it owes). One
+        key per incarnation, so asking again is answered from the journal with the same effects."""
+        incarnation = await self.engines[engine].incarnation()
+        answer = await submit_until_known(self.registry, EngineRestarted(engine, incarnation),
+                                          f"incarnation:{engine}:{incarnation}", self.deadlines.report)
+        return incarnation, tuple(answer.effects)
+
+    def is_staging(self, attempt_token: str) -> bool:
+        """True while this publisher stages the attempt itself (in `publish`): nobody else should stage it."""
+        return attempt_token in self._staging
 
     @property
     def commit_unresolved(self) -> bool:
@@ -258,7 +271,11 @@ class Publisher:
                                                                     for s in stages):
                 raise NameMismatch(f"registry reserved {answer.result.lora_name!r}, candidate is "
                                    f"{candidate.lora_name!r}")
-            await self._stage(version, candidate, token, stages, phases)
+            self._staging.add(token)
+            try:
+                await self._stage(version, candidate, token, stages, phases)
+            finally:
+                self._staging.discard(token)
             if stored is not None:
                 await self._timed(phases, "store", stored)
         except Exception as exc:  # not committed: abort, and clean what the abort's answer names
