@@ -3,8 +3,9 @@
 A rehydrate (an engine restarted and must hold a version again, RFC §3.5) stages the version's exact bytes
 under the digest the registry holds. The process that published the version may be long gone by then, so
 its snapshot cannot live only in that process's memory: a publisher given a store writes each candidate
-here before its commit is sent (`Publisher`), so every version the registry ever committed is here, and
-any publisher later reads it back by digest (`Publisher.rehydrate` without a candidate).
+here before its commit is sent (`Publisher`), so every version a publisher of this store committed is here,
+and any publisher later reads it back by digest (`Publisher.rehydrate` without a candidate, and the restart
+supervisor, `runtime/supervisor.py`).
 
 Layout: `<root>/<digest>/` is a PEFT adapter directory (`Snapshot.save_adapter_dir`: adapter_config.json,
 adapter_model.safetensors) plus the manifest exactly as published (v1 or v2, whichever the digest names).

@@ -53,6 +53,7 @@ from versioned_lora.lifecycle import (
     LeaseGranted,
     RecordPrepared,
     RecordReady,
+    RegistryEffect,
     Rejected,
     ReleaseLease,
     RenewLease,
@@ -188,14 +189,15 @@ class Publisher:
         for name in self.engines:
             await self.adopt_incarnation(name)
 
-    async def adopt_incarnation(self, engine: str) -> tuple[int, tuple[Any, ...]]:
+    async def adopt_incarnation(self, engine: str) -> tuple[int, tuple[RegistryEffect, ...]]:
         """Report `engine`'s current incarnation; returns it and the registry's answer's effects (for a new
         incarnation: a StageOnEngine per version the engine must hold, and the cleanups and reclaims it owes). One
         key per incarnation, so asking again is answered from the journal with the same effects."""
         incarnation = await self.engines[engine].incarnation()
         answer = await submit_until_known(self.registry, EngineRestarted(engine, incarnation),
                                           f"incarnation:{engine}:{incarnation}", self.deadlines.report)
-        return incarnation, tuple(answer.effects)
+        effects: tuple[RegistryEffect, ...] = answer.effects
+        return incarnation, effects
 
     def is_staging(self, attempt_token: str) -> bool:
         """True while this publisher stages the attempt itself (in `publish`): nobody else should stage it."""

@@ -30,7 +30,7 @@ import logging
 
 import attrs
 
-from versioned_lora.lifecycle import VersionKey
+from versioned_lora.lifecycle import RegistryEffect, VersionKey
 from versioned_lora.lifecycle.effects import StageOnEngine
 from versioned_lora.runtime.publisher import Publisher
 
@@ -45,7 +45,7 @@ class Reconciled:
     incarnation: int
     rehydrated: tuple[VersionKey, ...] = ()  # READY on the engine now (or already were)
     failed: tuple[tuple[VersionKey, str], ...] = ()  # (version, why): left BEGUN, no request routed there
-    left: tuple[object, ...] = ()  # effects for another driver: own in-flight stage, cleanups, reclaims
+    left: tuple[RegistryEffect, ...] = ()  # for other drivers: its own Publisher's stage, cleanups, reclaims
 
 
 class RestartSupervisor:
@@ -57,7 +57,7 @@ class RestartSupervisor:
         incarnation, effects = await self.publisher.adopt_incarnation(engine)
         rehydrated: list[VersionKey] = []
         failed: list[tuple[VersionKey, str]] = []
-        left: list[object] = []
+        left: list[RegistryEffect] = []
         for effect in effects:
             if not isinstance(effect, StageOnEngine) or self.publisher.is_staging(effect.attempt_token):
                 left.append(effect)
