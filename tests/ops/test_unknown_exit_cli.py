@@ -48,7 +48,8 @@ def test_a_publish_whose_reserve_answer_is_held_past_its_deadline_exits_unknown_
             resolved = await cli("resolve", "--holder", HOLDER, *conn)
             assert resolved.code == Exit.OK, resolved.stdout + resolved.stderr
             assert resolved.receipt()["resolved"] == [
-                {"version_id": "A", "action": "publication", "status": "FAILED_CLEAN", "reason": None}]
+                # The table decided: the commit was refused (commit.not_ready), so the driver aborted and cleaned.
+                {"version_id": "A", "action": "publication", "status": "FAILED_CLEAN", "reason": "NOT_READY"}]
             view = await d.registry.publication_view()
             assert view.versions[VersionKey(d.epoch, "A")].state is VersionState.FAILED_CLEAN
             assert view.managed_count() == 0 and view.lease_holder is None  # the slot is free, the lease released

@@ -119,3 +119,28 @@ def test_a_snapshot_the_store_cannot_take_fails_the_attempt_before_its_commit(tm
         assert view.default is None and view.versions[version].state is VersionState.FAILED_CLEAN
 
     asyncio.run(body())
+
+
+def test_injected_crash_mid_staging_is_settled_by_the_table_commit_refused_then_abort(tmp_path: Path) -> None:
+    """An attempt the crashed publisher left READY on one engine only: recover sends the commit and the registry
+    refuses it (commit.not_ready); the settle driver's row commit.refused aborts it and cleans both engines. The
+    publisher decides nothing from the view but which attempts are pending."""
+
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        version, shipped = candidate("A")
+        reserved = (await registry.submit(Reserve(version, shipped.digest, await fence_of(registry)))).result
+        assert isinstance(reserved, Reserved), reserved
+        token = reserved.attempt_token
+        await registry.submit_batch([RecordPrepared(version, token, "E0", 0, shipped.digest),
+                                     RecordPrepared(version, token, "E1", 0, shipped.digest),
+                                     RecordReady(version, token, "E0", 0, shipped.digest)])
+        publisher = Publisher(registry, engines, lambda *_: True, Deadlines(), snapshots=HeldDigests(shipped.digest))
+        (outcome,) = await publisher.recover()
+        assert (outcome.status, outcome.reason) == (PublishStatus.FAILED_CLEAN, "NOT_READY")
+        assert publisher.settle_loops[-1].fired[:2] == ["settle.commit", "commit.refused"]
+        view = await registry.publication_view()
+        assert view.default is None and view.versions[version].state is VersionState.FAILED_CLEAN
+        assert sorted(e.name for e in engines.values() for kind, _ in e.calls if kind == "cleanup") == ["E0", "E1"]
+
+    asyncio.run(body())

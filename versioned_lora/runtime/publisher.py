@@ -474,11 +474,15 @@ class Publisher:
                               detail="commit refused" if report.reason else "")
 
     async def recover(self) -> list[PublishOutcome]:
-        """A publisher that crashed mid-attempt is finished by the next one: an attempt READY everywhere is
-        committed (or its commit resolved); any other attempt still pending in the registry is aborted and
-        cleaned as the abort's answer says (its snapshot died with the crashed publisher; committing it
-        would need READY everywhere, which a half-done attempt lacks; with a snapshot store, also its bytes in the
-        store). An unresolved commit of this publisher is resolved first."""
+        """A publisher that crashed mid-attempt is finished by the next one. Each attempt still pending in the
+        registry is settled by the settle driver, and the table decides how: a LOADING attempt is committed
+        (the commit lands if it is READY everywhere, rows commit.bootstrap/commit.swap; otherwise the registry
+        refuses it, commit.not_ready, and the driver aborts it and cleans what the abort's answer names, row
+        commit.refused); an ABORTED one is aborted again under its abort key, whose answer names the cleanups
+        still owed. With a snapshot store, an attempt whose bytes the store lacks is aborted without a commit
+        (its publisher died before writing them: nobody could rehydrate it). An unresolved commit of this
+        publisher is resolved first."""
+        self._last_progress = time.monotonic()  # a recovery is a run of its own: its commit gets its deadline
         outcomes = []
         if self.commit_unresolved:
             resolved = await self.resolve()
@@ -497,24 +501,16 @@ class Publisher:
                                                 detail="left as it is: another publisher holds the lease")
                                  for key, version in pending)]
         for key, version in pending:
-            if version.state is VersionState.LOADING:
-                ready = all(p.state is PlacementState.READY for p in version.placements.values())
-                # A publisher with a store commits only what the store holds (the crashed one wrote it before
-                # sending its commit; if it had not yet, nobody could rehydrate the version: abort it instead).
-                stored = self.snapshots is None or self.snapshots.holds(version.digest)
-                if ready and stored:
-                    outcomes.append(await self._commit_and_resolve(key, version.lora_name, version.attempt_token, {},
-                                                                   lease.fence))
-                    if outcomes[-1].status is PublishStatus.UNKNOWN:
-                        break  # no further publication step before this commit's outcome is known
-                    continue
-                status = await self.abort_and_clean(key, version.attempt_token, {})
-                outcomes.append(PublishOutcome(status, key, lora_name=version.lora_name,
-                                               attempt_token=version.attempt_token))
-            elif version.state is VersionState.ABORTED:
-                status = await self.abort_and_clean(key, version.attempt_token, {})
-                outcomes.append(PublishOutcome(status, key, lora_name=version.lora_name,
-                                               attempt_token=version.attempt_token))
+            stored = self.snapshots is None or self.snapshots.holds(version.digest)
+            if version.state is VersionState.LOADING and stored:
+                outcomes.append(await self._commit_and_resolve(key, version.lora_name, version.attempt_token, {},
+                                                               lease.fence))
+                if outcomes[-1].status is PublishStatus.UNKNOWN:
+                    break  # no further publication step before this commit's outcome is known
+                continue
+            status = await self.abort_and_clean(key, version.attempt_token, {})
+            outcomes.append(PublishOutcome(status, key, lora_name=version.lora_name,
+                                           attempt_token=version.attempt_token))
         return outcomes
 
     # ---- plumbing
