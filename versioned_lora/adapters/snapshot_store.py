@@ -1,6 +1,6 @@
 """A directory of frozen snapshots, addressed by digest: the bytes of every version, after its publisher is gone.
 
-A rehydrate (an engine restarted and must hold a version again, RFC §3.5) stages the version's exact bytes
+A rehydrate (an engine restarted and must hold a version again, DESIGN.md §3) stages the version's exact bytes
 under the digest the registry holds. The process that published the version may be long gone by then, so
 its snapshot cannot live only in that process's memory: a publisher given a store writes each candidate
 here before its commit is sent (`Publisher`), so every version a publisher of this store committed is here,

@@ -1,5 +1,5 @@
 """The restart supervisor: brings a restarted engine back by carrying out the registry's answer to its new
-incarnation (RFC §3.5, DESIGN.md §2 "Managed adapter x engine").
+incarnation (RFC §3.4, failures; DESIGN.md §3, "Managed adapter x engine").
 
 An engine that restarts holds nothing. Reporting its new incarnation (`EngineRestarted`, row `restart.new`)
 makes the registry stop counting its old READY placements (from then on no request for a version goes there
@@ -20,7 +20,7 @@ kinds of work it leaves where they belong, and says so in its report:
   `Reclaimer.reclaim` (the same claim) finish them under their own drivers' rows.
 
 A rehydrate that fails (the snapshot missing or corrupt in the store, the engine refusing) leaves the
-placement as the registry has it, BEGUN, so the engine gets no request for that version; reconciling again
+placement short of READY (as the registry has it), so the engine gets no request for that version; reconciling again
 stages it again (the answer is journaled under one key per incarnation).
 """
 
@@ -44,7 +44,7 @@ class Reconciled:
     engine: str
     incarnation: int
     rehydrated: tuple[VersionKey, ...] = ()  # READY on the engine now (or already were)
-    failed: tuple[tuple[VersionKey, str], ...] = ()  # (version, why): left BEGUN, no request routed there
+    failed: tuple[tuple[VersionKey, str], ...] = ()  # (version, why): not READY there, no request routed
     left: tuple[RegistryEffect, ...] = ()  # for other drivers: its own Publisher's stage, cleanups, reclaims
 
 
@@ -64,7 +64,7 @@ class RestartSupervisor:
                 continue
             try:
                 await self.publisher.rehydrate(effect.version, None, engine)
-            except Exception as exc:  # reported; the registry keeps the placement BEGUN (nothing routed there)
+            except Exception as exc:  # reported; the placement stays short of READY (nothing routed)
                 logger.warning("rehydrate of %s on %s failed: %s", effect.version, engine, exc)
                 failed.append((effect.version, f"{type(exc).__name__}: {exc}"))
             else:
