@@ -347,9 +347,10 @@ def reclaim(args: argparse.Namespace) -> int:
 def resolve(args: argparse.Namespace) -> int:
     """Settle what unknown outcomes left, through the drivers, under the same keys: each engine's incarnation
     reported (with `--snapshots`, the restart supervisor also rehydrates a restarted engine with every version
-    the registry's answer names, read from the store), the Publisher's recovery (an attempt READY everywhere is
-    committed under its commit key; any other pending attempt is aborted and cleaned as the abort's answer
-    says), then every unfinished reclaim is claimed again (same claim key)."""
+    the registry's answer names, read from the store), the Publisher's recovery (a LOADING attempt's commit is
+    sent and the table decides: committed if READY everywhere, else refused and aborted and cleaned; an ABORTED
+    one is aborted again, its answer naming the cleanups), then every unfinished reclaim is claimed again (same
+    claim key)."""
 
     async def main() -> int:
         from versioned_lora.spec.states import VersionState
@@ -360,6 +361,10 @@ def resolve(args: argparse.Namespace) -> int:
         ports = _ports(clients)
         publisher, reclaimer = _publisher(registry, ports, args), _reclaimer(registry, ports)
         lines: list[dict[str, Any]] = []
+
+        def note(version_id: str, action: str, status: object, reason: str | None) -> None:
+            lines.append({"version_id": version_id, "action": action, "status": str(status), "reason": reason})
+
         try:
             await _take_over_first(publisher, args, console)
             if publisher.snapshots is None:
@@ -370,21 +375,20 @@ def resolve(args: argparse.Namespace) -> int:
 
                 with console.status("syncing engine incarnations, rehydrating restarted engines"):
                     for reconciled in await RestartSupervisor(publisher).reconcile_all():
-                        lines += [{"version_id": key.version_id, "action": f"rehydrate {reconciled.engine}",
-                                   "status": "REHYDRATED", "reason": None} for key in reconciled.rehydrated]
-                        lines += [{"version_id": key.version_id, "action": f"rehydrate {reconciled.engine}",
-                                   "status": "REHYDRATE_FAILED", "reason": why} for key, why in reconciled.failed]
+                        action = f"rehydrate {reconciled.engine}"
+                        for key in reconciled.rehydrated:
+                            note(key.version_id, action, "REHYDRATED", None)
+                        for key, why in reconciled.failed:
+                            note(key.version_id, action, "REHYDRATE_FAILED", why)
             with console.status("recovering pending publication attempts"):
                 for outcome in await publisher.recover():
-                    lines.append({"version_id": outcome.version.version_id, "action": "publication",
-                                  "status": str(outcome.status), "reason": outcome.reason})
+                    note(outcome.version.version_id, "publication", outcome.status, outcome.reason)
             view = await registry.publication_view()
             for key, version in sorted(view.versions.items()):
                 if version.state is VersionState.RECLAIMING:
                     with console.status(f"finishing the reclaim of {key.version_id}"):
                         reclaimed = await reclaimer.reclaim(key)
-                    lines.append({"version_id": key.version_id, "action": "reclaim",
-                                  "status": str(reclaimed.status), "reason": reclaimed.reason})
+                    note(key.version_id, "reclaim", reclaimed.status, reclaimed.reason)
             if not publisher.commit_unresolved:
                 await publisher.release_lease()
         finally:
