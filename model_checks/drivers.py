@@ -21,19 +21,23 @@ lose a request or its reply, or duplicate a request (budget), fire an armed time
 budget; when nothing is in flight it is a real timeout and free; the short retry pause is always
 free), cancel, end a generation request. What the executor adds is exactly
 `driver_loop.DriverLoop._outcome`: a registry answer is `Answer(Reply)`, an engine refusal
-`Refusal`, a lost reply `Lost`; the engine's reclaim call runs the adapter's ReclaimAdapter and,
-once drained, FinishUnload, and answers whether it is UNLOADED.
+`Refusal`, a lost reply `Lost`; a staging call runs the adapter's BeginStaging / ReceiveBucket / EndStaging
+under the incarnation the reserve named (`end` answers the engine's receipt); the probe check answers whether
+the engine's probe matches (no, for the engines of `World.bad_probes`); the engine's reclaim call runs the
+adapter's ReclaimAdapter and, once drained, FinishUnload, and answers whether it is UNLOADED.
 
 Properties, on every reachable world:
   committed_stays_loaded   a version the registry committed and has not claimed for reclaim stays READY
                            on every engine where the registry has it READY (no cleanup, no unload)
-  report_is_true           COMMITTED / FAILED_CLEAN / RECLAIMED are reported only when the registry says so
+  report_is_true           COMMITTED / FAILED_CLEAN / RECLAIMED / STAGED are reported only when the registry says so
+  reports_fit_the_work     each driver reports only its own outcomes (a stage never COMMITTED, a settle never PENDING)
+  only_unknown_before_the_end  a driver that is not done has reported nothing but UNKNOWN (the commit's deadline)
   rejected_changes_nothing a REJECTED reclaim sent nothing to any engine
   abort_never_commits      a settle started to abort (its staging failed) never sends a commit
   unknown_needs_a_fault    UNKNOWN is reported only after a fault (a loss, an early deadline, a cancel, a
                            restart), a request that never ends, or another process's call
   unknown_means_claim_unanswered  a reclaim reports UNKNOWN only while its claim's answer is unknown
-  sub_state_is_true        an engine counted CLEANED / CONFIRMED is recorded so in the registry
+  sub_state_is_true        an engine counted CLEANED / CONFIRMED / READY is recorded so in the registry
   one_call_at_a_time       the driver never sends a call again while the same call is in flight (a retry
                            follows its Lost; checked where the network duplicates nothing)
   timers_follow_calls      no timer outlives the call it bounds (a finished sub-machine, or a coordinator
@@ -44,10 +48,18 @@ Properties, on every reachable world:
   waits_for_what_it_sends  a call a row sends is one the machine's new phase waits for (a row of that
                            phase answers it): a reply no row waits for only lands on a late row
   waits_on_a_call          a machine whose phase waits for a call's answer has that call in flight (its
-                           request, or its reply or loss in the inbox): it never waits on its deadline alone
+                           request, or its reply or loss in the inbox), and one whose phase waits to retry has
+                           its retry pause armed (or fired): it never waits on its deadline alone
   unknown_keeps_capacity   a settle that reported UNKNOWN never freed the slot on the strength of a guess
                            (the registry's slot is freed only by its own rows: checked by the registry's
                            invariants, which run on every registry state here too)
+  bucket_barrier           (staging) bucket i+1 is sent to an engine only once bucket i landed on every engine
+  staged_in_order          (staging) a bucket or an `end` reaches an engine only after its PREPARED was recorded
+  ready_needs_the_probe    (staging) READY is never sent for an engine whose probe differs from the reference
+  failure_is_recorded      (staging) an engine's sub-machine that FAILED says why (the publisher's error reads it)
+  stage_fails_only_by_a_fault  STAGE_FAILED only after a fault, a restart, or a probe that differs
+  (the staging properties that read the engines' or the registry's state are not checked after a restart, which
+  resets both: what was true when it was counted need not be true after it)
   registry invariants      every invariant of spec/invariants.py on every registry state
   finishes                 a world where nothing can happen any more has the driver DONE, with a report
 """
@@ -72,11 +84,13 @@ from versioned_lora.lifecycle.drivers import (
     Arm,
     Call,
     Cancel,
+    CheckProbe,
     CleanupEngine,
     CleanupEngineState,
     Deadline,
     Disarm,
     Drivers,
+    DropLink,
     Lost,
     ReclaimEngine,
     ReclaimEngineState,
@@ -85,14 +99,18 @@ from versioned_lora.lifecycle.drivers import (
     Reply,
     Report,
     SettleState,
+    StageEngine,
+    StageState,
     Submit,
     Timer,
     is_done,
     reclaim,
     settle,
+    stage,
 )
+from versioned_lora.lifecycle.effects import StageOnEngine
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.spec.drivers import DRIVER_ROWS, TERMINAL, DriverOutcome, Input
+from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, DriverOutcome, Input
 from versioned_lora.spec.events import (
     Abort,
     AcquireRequest,
@@ -124,13 +142,19 @@ A, B = VersionKey(0, "A"), VersionKey(0, "B")
 DIGESTS = {A: "a" * 64, B: "b" * 64}
 # The phases that wait for a call without a deadline, on purpose: the commit whose outcome was reported
 # unknown is retried under the same key until it is answered (RFC §3.4).
-UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED"})
+UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED", "CHECKING"})  # CHECKING: the probe check is local work
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
-ANSWER_GUARD = {"commit": "answers_commit", "abort": "answers_abort", "claim": "answers_claim",
+ANSWER_GUARD = {"begin": "answers_begin", "prepared": "answers_prepared", "bucket": "answers_bucket",
+                "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready", "commit": "answers_commit",
+                "abort": "answers_abort", "claim": "answers_claim",
                 "cleanup": "answers_engine_cleanup", "cleaned": "answers_cleaned", "unknown": "answers_unknown",
                 "reclaim": "answers_engine_reclaim", "confirm": "answers_confirm"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
+O = DriverOutcome  # noqa: E741
+OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.UNKNOWN}, SettleState: {O.COMMITTED, O.FAILED_CLEAN, O.UNKNOWN},
+            ReclaimState: {O.RECLAIMED, O.PENDING, O.REJECTED, O.UNKNOWN}}  # what each driver may report
+CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine)  # commands that are one call each
 
 
 @attrs.frozen
@@ -156,6 +180,15 @@ class World:
     budget: Budget
     requests: tuple[tuple[int, str], ...] = ()  # generation requests holding a native ref: (engine index, lora)
     flags: tuple[str, ...] = ()  # problems seen while the driver reacted (checked with the state's)
+    bad_probes: frozenset[str] = frozenset()  # engines whose `end` probe differs from the reference forward
+
+
+@attrs.frozen
+class Receipt:
+    """An engine's `end` answer as the stage driver reads it (the runtime's ReadyReceipt, minus the probe)."""
+
+    incarnation: int
+    digest: str
 
 
 # ---------------------------------------------------------------- scenarios, built with the real tables
@@ -196,10 +229,18 @@ def _world(setup: _Setup, driver: Any, budget: Budget, requests: tuple[tuple[int
     return World(setup.reg, Map(), tuple(setup.engs), driver, (), frozenset(), (), budget, requests)
 
 
+BUCKETS = 2  # the stage scenarios' bucket count: the barrier between bucket 0 and bucket 1 is exercised
+
+
 def scenario(name: str, budget: Budget) -> World:
     s = _Setup()
     s.stage(A)
     s.commit(A)
+    if name in ("stage", "stage_probe_mismatch"):  # B reserved: stage it on both engines (a probe may differ)
+        s.reg, reserved, effects = CORE.step(s.reg, Reserve(B, DIGESTS[B]))
+        orders = tuple(e for e in effects if isinstance(e, StageOnEngine))
+        w = _world(s, stage(B, reserved.attempt_token, BUCKETS, orders), budget)
+        return attrs.evolve(w, bad_probes=frozenset({"E1"}) if name == "stage_probe_mismatch" else frozenset())
     if name == "commit":  # B READY everywhere: commit it (the lost-commit-reply story of RFC §3.4)
         s.stage(B)
         return _world(s, settle(B, s.tokens[B][1], s.reg.default_revision, commit=True), budget)
@@ -249,7 +290,8 @@ def scenario(name: str, budget: Budget) -> World:
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
-SCENARIOS = ("commit", "commit_not_ready", "abort", "abort_after_commit", "abort_again", "reclaim", "reclaim_in_use",
+SCENARIOS = ("stage", "stage_probe_mismatch", "commit", "commit_not_ready", "abort", "abort_after_commit",
+             "abort_again", "reclaim", "reclaim_in_use",
              "reclaim_done")
 
 # ---------------------------------------------------------------- successors
@@ -274,7 +316,7 @@ class DriverSystem:
         flags = list(w.flags)
         for c in step.commands:
             # Only the driver's own copies count ("req", and the "rep" answering it), not a network duplicate.
-            if isinstance(c, (Submit, CleanupEngine, ReclaimEngine)) and any(
+            if isinstance(c, CALLS) and any(
                     (kind == "req" and m.call == c.call) or (kind == "rep" and getattr(m, "call", None) == c.call)
                     for kind, m in w.net):
                 flags.append(f"one_call_at_a_time: {c.call} sent again while in flight")
@@ -284,10 +326,12 @@ class DriverSystem:
                 timers.discard(c.timer)
             elif isinstance(c, Report):
                 reports.append(c)
+            elif isinstance(c, DropLink):
+                pass  # local to the executor: the model's engines have no transfer group
             else:
                 net.append(("req", c))
         for c in step.commands:
-            if isinstance(c, (Submit, CleanupEngine, ReclaimEngine)) and not self._waits_for(step.state, c.call):
+            if isinstance(c, CALLS) and not self._waits_for(step.state, c.call):
                 flags.append(f"waits_for_what_it_sends: {c.call} sent, and no row of the phase it moved to "
                              f"answers it")
         if is_done(step.state):  # the loop ends: its timers are cancelled, late replies land nowhere
@@ -310,6 +354,12 @@ class DriverSystem:
                 and guard in r.guards and r.changes_state for r in self.drivers.rows))
         return self._awaited_by_phase[key]
 
+    def _retries_on_backoff(self, machine: Any) -> bool:
+        """The machine's phase retries its call when the retry pause fires (a row of it acts on that timer)."""
+        kind = MACHINE_OF[type(machine)]
+        return any(r.machine is kind and machine.phase in r.expanded_sources() and r.input is Input.DEADLINE
+                   and "backoff_timer" in r.guards and r.changes_state for r in self.drivers.rows)
+
     # ---- a request reaches the registry or an engine: the real tables answer
     def _serve(self, w: World, command: Any) -> tuple[World, Any]:
         if isinstance(command, Submit):
@@ -320,12 +370,26 @@ class DriverSystem:
             reply = Reply(result, effects)
             return attrs.evolve(w, registry=registry, journal=w.journal.set(command.key, reply)), Answer(
                 command.call, reply)
+        if isinstance(command, CheckProbe):
+            return w, Answer(command.call, command.engine not in w.bad_probes)
         i = ENGINES.index(command.engine)
         engine = w.engines[i]
-        if isinstance(command, CleanupEngine):
+        if isinstance(command, StageEngine):
+            order = w.driver.engines[command.engine].order
+            name, token, inc = order.lora_name, order.attempt_token, order.incarnation
+            event: Any = {"begin": lambda: BeginStaging(name, token, inc, order.digest, w.driver.bucket_count),
+                          "bucket": lambda: ReceiveBucket(name, token, inc, command.index),
+                          "end": lambda: EndStaging(name, token, inc, True)}[command.call.op]()
+            engine, result, _ = CORE.engine_step(engine, event)
+            if isinstance(result, Rejected):
+                outcome: Any = Refusal(command.call, str(result.reason))
+            else:
+                outcome = Answer(command.call, Receipt(engine.incarnation, order.digest)
+                                 if command.call.op == "end" else None)
+        elif isinstance(command, CleanupEngine):
             engine, result, _ = CORE.engine_step(engine, CleanupAttempt(command.lora_name, command.attempt_token))
-            outcome: Any = Refusal(command.call, str(result.reason)) if isinstance(result, Rejected) else Answer(
-                command.call)
+            rejected = isinstance(result, Rejected)
+            outcome = Refusal(command.call, str(result.reason)) if rejected else Answer(command.call)
         else:
             assert isinstance(command, ReclaimEngine)
             engine, result, _ = CORE.engine_step(engine, ReclaimAdapter(command.lora_name, command.reclaim_id))
@@ -424,7 +488,7 @@ class DriverSystem:
         if waiting is not None and waiting in w.timers:
             out.append(f"timers_follow_calls: {d.phase} still has the {waiting.name} timer armed")
         for name, sub in d.engines.items():
-            if sub.phase in TERMINAL[MACHINE_OF[type(sub)]] and any(t.engine == name for t in w.timers):
+            if sub.phase in SETTLES[MACHINE_OF[type(sub)]] and any(t.engine == name for t in w.timers):
                 out.append(f"timers_follow_calls: {name} is {sub.phase} with a timer still armed")
         for name, machine in [] if is_done(d) else [("", d), *d.engines.items()]:  # done: its loop has ended
             if machine.phase in TERMINAL[MACHINE_OF[type(machine)]]:
@@ -435,12 +499,17 @@ class DriverSystem:
             if awaited and not awaited & calls:
                 out.append(f"waits_on_a_call: {name or 'the coordinator'} is {machine.phase}, waiting for "
                            f"{'/'.join(sorted(awaited))}, with none in flight")
+            if name and self._retries_on_backoff(machine) and Timer("backoff", name) not in w.timers and (
+                    ("rep", Deadline(Timer("backoff", name))) not in w.net):
+                out.append(f"waits_on_a_call: {name} is {machine.phase}, waiting to retry, with no retry pause "
+                           f"armed (only its deadline)")
             bounded = any(t.engine == name for t in w.timers) or any(
                 kind == "rep" and isinstance(m, Deadline) and m.timer.engine == name for kind, m in w.net)
             if calls and not bounded and machine.phase not in UNBOUNDED_BY_DESIGN:
                 out.append(f"calls_under_a_deadline: {name or 'the coordinator'} is {machine.phase} with a call in "
                            f"flight and no timer armed")
         target = w.driver.version
+        out += self._stage_problems(w, start)
         for name, sub in d.engines.items():
             if isinstance(sub, CleanupEngineState) and sub.phase == "CLEANED":
                 placement = reg.placements.get((target, name))
@@ -452,7 +521,14 @@ class DriverSystem:
                 out.append(f"sub_state_is_true: {name} counted CONFIRMED, the registry has no confirm from it")
         out += list(w.flags)
         state = reg.versions[target].state if target in reg.versions else None
+        if not is_done(d) and any(r.outcome is not DriverOutcome.UNKNOWN for r in w.reports):
+            out.append(f"only_unknown_before_the_end: reported {w.reports[0].outcome} while still {d.phase}")
         for report in w.reports:
+            if report.outcome not in OUTCOMES[type(d)]:
+                out.append(f"reports_fit_the_work: a {type(d).__name__} reported {report.outcome}")
+            if report.outcome is DriverOutcome.STAGE_FAILED and _fault_free(w, start) and not w.bad_probes:
+                out.append("stage_fails_only_by_a_fault: STAGE_FAILED reported although nothing was lost, fired "
+                           "early, cancelled or restarted, and every probe matches")
             wanted = {DriverOutcome.COMMITTED: COMMITTED, DriverOutcome.FAILED_CLEAN: {VersionState.FAILED_CLEAN},
                       DriverOutcome.RECLAIMED: {VersionState.RECLAIMED}}.get(report.outcome)
             if wanted is not None and state not in wanted:
@@ -465,6 +541,56 @@ class DriverSystem:
             if report.outcome is DriverOutcome.REJECTED and w.driver.engines:
                 out.append("rejected_changes_nothing: a REJECTED reclaim sent calls to engines")
         return out
+
+
+    def _stage_problems(self, w: World, start: World) -> list[str]:
+        """The staging properties: the barrier, calls in the engine's order, READY only after a matching probe
+        and only when true, a failed engine says why, STAGED only when the registry has READY from every engine."""
+        d, out = w.driver, []
+        if not isinstance(d, StageState):
+            return out
+        reg = w.registry
+        restarted = w.budget.crashes != start.budget.crashes  # a restart resets the engine and its placement
+        for kind, c in w.net:
+            if kind != "req" or restarted:
+                continue
+            if isinstance(c, StageEngine) and c.call.op == "bucket" and c.index > 0:
+                behind = [e for e in ENGINES if _received(w, e, d) < c.index]
+                if behind:
+                    out.append(f"bucket_barrier: bucket {c.index} sent to {c.engine} before bucket {c.index - 1} "
+                               f"landed on {behind}")
+            if isinstance(c, StageEngine) and c.call.op in ("bucket", "end") and not _prepared(reg, d, c.engine):
+                out.append(f"staged_in_order: {c.call.op} sent to {c.engine} before its PREPARED was recorded")
+            if isinstance(c, Submit) and isinstance(c.event, RecordReady) and c.event.engine in w.bad_probes:
+                out.append(f"ready_needs_the_probe: READY sent for {c.event.engine}, whose probe differs")
+        for name, sub in d.engines.items():
+            if sub.phase == "FAILED" and sub.failure is None:
+                out.append(f"failure_is_recorded: {name} FAILED without saying why (the caller's error reads it)")
+        if restarted:  # what was counted READY before the restart was true then; the restart moved it since
+            return out
+        for name, sub in d.engines.items():
+            placement = reg.placements.get((d.version, name))
+            if sub.phase == "READY" and (placement is None or placement.state is not PlacementState.READY):
+                out.append(f"sub_state_is_true: {name} counted READY, the registry has "
+                           f"{None if placement is None else placement.state}")
+        for report in w.reports:
+            if report.outcome is DriverOutcome.STAGED and not all(
+                    (p := reg.placements.get((d.version, e))) is not None and p.state is PlacementState.READY
+                    for e in d.engines):
+                out.append("report_is_true: STAGED reported while some engine is not READY in the registry")
+        return out
+
+
+def _received(w: World, engine: str, d: StageState) -> int:
+    adapter = w.engines[ENGINES.index(engine)].adapters.get(d.engines[engine].order.lora_name)
+    if adapter is None:
+        return 0
+    return adapter.bucket_count if adapter.state is AdapterState.READY else adapter.buckets_received
+
+
+def _prepared(reg: Any, d: StageState, engine: str) -> bool:
+    placement = reg.placements.get((d.version, engine))
+    return placement is not None and placement.state is not PlacementState.BEGUN
 
 
 def _fault_free(w: World, start: World) -> bool:

@@ -7,7 +7,7 @@ Operators keep every (phase, input) pair covered (deleting a row is left out: th
 ProtocolError catches that by construction): change_target (a row that moves goes to another phase of
 its machine; one that starts sub-machines, to a phase that waits for their Settled), change_report
 (another outcome, or none where it had one), drop_command, add_command (a command of the same machine's
-rows), drop_guard, swap_guards (the guards of two rows of the same machine, input and sources
+rows for the same input kind), drop_guard, swap_guards (the guards of two rows of the same machine, input and sources
 exchanged), over every row the bounds fire (DEFENSIVE_ROWS, which none fires, are left
 out). Plus one fixed mutant, `refused_abort_cleans`: after a refused abort, the
 driver cleans every engine it knows of, as the runtime's hand-written fallback did before (the data-loss
@@ -53,8 +53,11 @@ from versioned_lora.spec.drivers import (
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.states import SAME
 
-# 20 drawn: with this table's two equivalent draws on seed 1 that keeps them under the 10% the issue allows.
-COUNT = 20
+# 35 drawn: with this table's three equivalent draws on seed 1 that keeps them within the 10% the issue allows.
+COUNT = 35
+# Commands the model cannot observe, left out of add_command and drop_command: DropLink has no reply and the
+# model's engines no transfer group (tests/lifecycle/test_driver_table.py holds that bucket.deadline drops it).
+UNOBSERVED_COMMANDS = frozenset({"drop_link"})
 OPERATORS = ("change_target", "change_report", "drop_command", "add_command", "drop_guard", "swap_guards")
 # The phases in which an answer to another call than the one the phase waits for can arrive: a cleanup
 # answered after its deadline moved the engine to recording UNKNOWN. In every other phase one call of the
@@ -62,7 +65,7 @@ OPERATORS = ("change_target", "change_report", "drop_command", "add_command", "d
 # it is like deleting a row, which the operators leave out).
 TWO_CALLS_PHASES = frozenset({"RECORDING_UNKNOWN"})
 # The commands that start per-engine sub-machines, whose Settled then reaches the coordinator.
-STARTS_SUB_MACHINES = frozenset({"start_cleanups", "start_reclaims"})
+STARTS_SUB_MACHINES = frozenset({"start_cleanups", "start_reclaims", "start_begins", "send_next_bucket", "start_ends"})
 UNCOVERED = frozenset(uncovered_driver_pairs())
 # Hand verdicts: mutant -> why no behaviour can tell it apart. Left out of N.
 EQUIVALENT: dict[str, str] = {
@@ -72,6 +75,11 @@ EQUIVALENT: dict[str, str] = {
     "than IN_USE, which only the producers of DEFENSIVE_ROWS (rehydrate attempts, forged ids) send",
     "add_command commit.deadline: disarm": "the row fires on the commit timer's Deadline: that timer is no "
     "longer armed, and disarming it does nothing",
+    "swap_guards clean.in_use <-> clean.refused": "the same as dropping clean.in_use's in_use guard (clean.refused, "
+    "now guarded by in_use, is shadowed): it differs only on a refusal other than IN_USE, see above",
+    "add_command claim.already_done: start_reclaims": "an answer that the version is already RECLAIMED names no "
+    "engine to reclaim: the command starts no sub-machine, and the row ends the reclaim RECLAIMED either way",
+
 }
 
 
@@ -100,7 +108,10 @@ def draw(rng: random.Random) -> Mutant:
         if r.id in DEFENSIVE_ROWS:  # no bound fires it: a mutant of it says nothing about the checks
             continue
         if op == "change_target" and r.changes_state:
-            options = [p for p in PHASES[r.machine] if p != r.target] + ([SAME] if r.target != SAME else [])
+            # (a row with one source: SAME and that source are one target, so neither replaces the other)
+            same = set(r.expanded_sources()) if len(r.expanded_sources()) == 1 else set()
+            now = {r.target} | (same if r.target == SAME else set()) | ({SAME} if r.target in same else set())
+            options = [p for p in (*PHASES[r.machine], SAME) if p not in now]
             if set(r.commands) & STARTS_SUB_MACHINES:
                 # Its sub-machines' Settled must reach a phase that waits for them: anywhere else it is an
                 # uncovered pair (NOT_POSSIBLE), so the mutant would only be the ProtocolError.
@@ -110,19 +121,23 @@ def draw(rng: random.Random) -> Mutant:
             target = rng.choice(options)
             return Mutant(f"change_target {r.id}: {r.target} -> {target}",
                           _replace(rows, i, attrs.evolve(r, target=target)))
-        if op == "change_report" and r.changes_state and r.machine in (Driver.SETTLE, Driver.RECLAIM):
+        if op == "change_report" and r.changes_state and r.machine in (Driver.STAGE, Driver.SETTLE, Driver.RECLAIM):
             # (only coordinators report; a sub-machine's row has no report to change)
             options = [None, *DriverOutcome]
             options.remove(r.report)
             report = rng.choice(options)
             return Mutant(f"change_report {r.id}: {r.report} -> {report}",
                           _replace(rows, i, attrs.evolve(r, report=report)))
-        if op == "drop_command" and r.commands:
-            c = rng.choice(r.commands)
+        if op == "drop_command" and set(r.commands) - UNOBSERVED_COMMANDS:
+            c = rng.choice(sorted(set(r.commands) - UNOBSERVED_COMMANDS))
             return Mutant(f"drop_command {r.id}: {c}",
                           _replace(rows, i, attrs.evolve(r, commands=tuple(x for x in r.commands if x != c))))
         if op == "add_command" and r.changes_state:
-            pool = sorted({c for x in rows if x.machine is r.machine for c in x.commands} - set(r.commands))
+            # A command some row of the same machine builds from the same kind of input: a builder reads its
+            # input (a registry answer, an engine receipt), so one added to a row of another input kind only
+            # reads nothing there, and a timer armed again differs only in its length, which the model leaves out.
+            pool = sorted({c for x in rows if x.machine is r.machine and x.input is r.input for c in x.commands}
+                          - set(r.commands) - UNOBSERVED_COMMANDS)
             if pool:
                 c = rng.choice(pool)
                 return Mutant(f"add_command {r.id}: {c}",

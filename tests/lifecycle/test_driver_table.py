@@ -28,6 +28,8 @@ from versioned_lora.lifecycle.drivers import (
     Refusal,
     Reply,
     Report,
+    StageEngine,
+    StageEngineState,
     Start,
     Submit,
     Timer,
@@ -35,8 +37,9 @@ from versioned_lora.lifecycle.drivers import (
     is_done,
     reclaim,
     settle,
+    stage,
 )
-from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine
+from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
 from versioned_lora.lifecycle.results import Aborted, Committed, ReclaimClaimed, ReclaimConfirmed, Recorded, Rejected
 from versioned_lora.spec.drivers import (
@@ -58,11 +61,14 @@ ENGINES = ("E0", "E1")
 
 
 def test_every_pair_is_covered_or_cannot_happen_and_rows_name_what_exists() -> None:
-    waits_for_settled = {(Driver.SETTLE, "CLEANING"), (Driver.RECLAIM, "RECLAIMING")}
+    waits_for_settled = {(Driver.SETTLE, "CLEANING"), (Driver.RECLAIM, "RECLAIMING"), (Driver.STAGE, "BEGINNING"),
+                         (Driver.STAGE, "TRANSFERRING"), (Driver.STAGE, "ENDING")}
+    engine_inputs = {Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE}
     for machine, phase, inp in uncovered_driver_pairs():
         # spec/drivers.NOT_POSSIBLE: each uncovered pair is one an executor following driver_loop cannot reach
         assert (phase == "IDLE" and inp is not Input.START) or (inp is Input.START and phase != "IDLE") or (
-            inp is Input.SETTLED and (machine, phase) not in waits_for_settled), (machine, phase, inp)
+            inp is Input.SETTLED and (machine, phase) not in waits_for_settled) or (
+            machine is Driver.STAGE and inp in engine_inputs and phase != "DONE"), (machine, phase, inp)
     ids = [r.id for r in DRIVER_ROWS]
     assert len(ids) == len(set(ids))
     for r in DRIVER_ROWS:
@@ -165,6 +171,66 @@ def test_a_reclaim_unloads_and_confirms_exactly_the_engines_its_claim_names() ->
     assert commands[-1] == Report(DriverOutcome.RECLAIMED)
 
 
+@attrs.frozen
+class Receipt:  # an engine's `end` answer as the stage driver reads it (runtime.interfaces.ReadyReceipt's fields)
+    incarnation: int
+    digest: str
+
+
+_STAGES = tuple(StageOnEngine(e, B, f"n-{e}", "t", 1, "d") for e in ENGINES)
+
+
+def test_bucket_one_goes_to_no_engine_before_bucket_zero_landed_on_every_engine() -> None:
+    state, fired, commands = _run(stage(B, "t", 2, _STAGES), Start(),
+                                  *(Answer(Call("begin", e)) for e in ENGINES),
+                                  *(Answer(Call("prepared", e), Reply(Recorded(B, e, PlacementState.PREPARED)))
+                                    for e in ENGINES),
+                                  Answer(Call("bucket", "E0")))
+    buckets = [(c.engine, c.index) for c in commands if isinstance(c, StageEngine) and c.call.op == "bucket"]
+    assert buckets == [("E0", 0), ("E1", 0)] and fired[-2:] == ["bucket.landed", "stage.waiting"]
+    state, more, commands = _run(state, Answer(Call("bucket", "E1")))
+    assert more == ["bucket.landed", "transfer.next_bucket"]
+    assert [(c.engine, c.index) for c in commands if isinstance(c, StageEngine)] == [("E0", 1), ("E1", 1)]
+
+
+def test_a_deadline_of_an_earlier_call_never_fails_the_next_one() -> None:
+    """The begin's timer fired while its answer was already in the inbox: that Deadline, arriving once bucket 0 is
+    in flight, is late (each timer names its call), not bucket 0's deadline."""
+    state, _, _ = _run(stage(B, "t", 2, _STAGES), Start(), *(Answer(Call("begin", e)) for e in ENGINES),
+                       *(Answer(Call("prepared", e), Reply(Recorded(B, e, PlacementState.PREPARED))) for e in ENGINES))
+    assert {e.phase for e in state.engines.values()} == {"SENDING"}
+    state, fired, _ = _run(state, Deadline(Timer("begin", "E1")), Deadline(Timer("bucket", "E1", 1)))
+    assert fired == ["stage_engine.late_timer", "stage_engine.late_timer"] and state.engines["E1"].phase == "SENDING"
+    state, fired, commands = _run(state, Deadline(Timer("bucket", "E1", 0)))
+    assert fired == ["bucket.deadline", "stage.waiting"] and any(type(c).__name__ == "DropLink" for c in commands)
+
+
+def test_staging_fails_once_every_engine_settled_and_says_why() -> None:
+    state, fired, commands = _run(stage(B, "t", 1, _STAGES), Start(),
+                                  Refusal(Call("begin", "E1"), "STALE_INCARNATION"))
+    assert fired[-2:] == ["begin.refused", "stage.waiting"] and not any(isinstance(c, Report) for c in commands)
+    state, fired, commands = _run(state, Answer(Call("begin", "E0")),
+                                  Answer(Call("prepared", "E0"), Reply(Recorded(B, "E0", PlacementState.PREPARED))))
+    assert fired[-2:] == ["prepared.recorded", "stage.failed"]
+    assert commands[-1] == Report(DriverOutcome.STAGE_FAILED)
+    failure = state.engines["E1"].failure
+    assert failure is not None and (failure.op, failure.reason) == ("begin", "STALE_INCARNATION")
+
+
+def test_ready_is_recorded_only_after_the_probe_matched() -> None:
+    state, _, _ = _run(stage(B, "t", 1, _STAGES), Start(), *(Answer(Call("begin", e)) for e in ENGINES),
+                       *(Answer(Call("prepared", e), Reply(Recorded(B, e, PlacementState.PREPARED))) for e in ENGINES),
+                       *(Answer(Call("bucket", e)) for e in ENGINES))
+    state, fired, commands = _run(state, Answer(Call("end", "E0"), Receipt(1, "d")),
+                                  Answer(Call("probe", "E0"), False))
+    assert fired == ["end.answered", "probe.mismatch", "stage.waiting"]
+    assert not any(isinstance(c, Submit) for c in commands)
+    state, fired, commands = _run(state, Answer(Call("end", "E1"), Receipt(1, "d")),
+                                  Answer(Call("probe", "E1"), True))
+    (ready,) = [c for c in commands if isinstance(c, Submit)]
+    assert ready.key == "ready:t:E1:1" and fired == ["end.answered", "probe.matches"]
+
+
 # ---------------------------------------------------------------- every reachable state x every input
 
 _ORDERS = {e: CleanupOnEngine(e, B, f"n-{e}", "t") for e in ENGINES}
@@ -178,14 +244,20 @@ _REPLIES = [
     Reply(ReclaimClaimed(B, "rid", VersionState.RECLAIMED)),
     Reply(ReclaimConfirmed(B, "E0", VersionState.RECLAIMED)),
     Reply(Recorded(B, "E0", PlacementState.CLEANED), (CapacityFreed(B),)),
+    Reply(Recorded(B, "E0", PlacementState.PREPARED)),
+    Reply(Recorded(B, "E0", PlacementState.READY)),
+    Receipt(1, "d"),
     None,
     True,
     False,
 ]
 _CALLS = [Call(op, e) for op in ("commit", "abort", "claim") for e in ("",)] + [
-    Call(op, e) for op in ("cleanup", "cleaned", "unknown", "reclaim", "confirm") for e in ENGINES
+    Call(op, e) for op in ("cleanup", "cleaned", "unknown", "reclaim", "confirm", "begin", "prepared", "bucket", "end",
+                           "probe", "ready") for e in ENGINES
 ]
 _TIMERS = [Timer("commit"), Timer("claim")] + [Timer(n, e) for n in ("engine", "report", "backoff") for e in ENGINES]
+_TIMERS += [Timer(n, e, i) for n in ("begin", "prepared", "bucket", "end", "ready") for e in ENGINES
+            for i in (-1, 0, 1)]
 
 inputs = st.one_of(
     st.just(Start()),
@@ -195,7 +267,8 @@ inputs = st.one_of(
     st.builds(Lost, st.sampled_from(_CALLS)),
     st.builds(Deadline, st.sampled_from(_TIMERS)),
 )
-starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, commit=False), reclaim(B)])
+starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, commit=False), reclaim(B),
+                          stage(B, "t", 2, _STAGES)])
 
 
 @settings(max_examples=400, deadline=None)
@@ -209,7 +282,7 @@ def test_step_over_reachable_states_and_every_input(start, script) -> None:
             continue
         assert step.fired and all(f in {r.id for r in DRIVER_ROWS} for f in step.fired)
         for sub in step.state.engines.values():
-            assert isinstance(sub, (CleanupEngineState, ReclaimEngineState))
+            assert isinstance(sub, (CleanupEngineState, ReclaimEngineState, StageEngineState))
         # Determinism: the same state and input give the same step (keys come from the state only).
         assert DRIVERS.step(state, inp) == step
         # Once done, a driver stays done.

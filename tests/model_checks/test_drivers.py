@@ -20,6 +20,8 @@ from versioned_lora.spec.drivers import DRIVER_ROWS
 
 # For each phase that waits on a call: the row for its lost reply and the row for its fired deadline.
 LOST_AND_DEADLINE = (
+    ("begin.lost", "begin.deadline"), ("prepared.lost", "prepared.deadline"), ("bucket.lost", "bucket.deadline"),
+    ("end.lost", "end.deadline"), ("ready.lost", "ready.deadline"),
     ("commit.lost", "commit.deadline"), ("abort.lost", "abort.deadline"), ("clean.lost", "clean.deadline"),
     ("cleaned.lost", "cleaned.deadline"), ("unknown.lost", "unknown.deadline"), ("claim.lost", "claim.deadline"),
     ("unload.lost", "unload.deadline"), ("confirm.lost", "unload.deadline"),

@@ -64,6 +64,9 @@ class RecordingEngine:
         self.calls.append(("end", candidate.lora_name))
         return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, 0, 7, -1.0)
 
+    def drop_link(self) -> None:
+        self.calls.append(("drop_link", ""))
+
     async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None:
         self.calls.append(("cleanup", lora_name))
 

@@ -126,6 +126,11 @@ class EngineStaging:
         )
         return bool(answer["adapter"]["state"] == AdapterState.UNLOADED)
 
+    def drop_link(self) -> None:
+        """Row bucket.lost/bucket.deadline: the send thread may still be inside the group's collective, which
+        gloo and NCCL cannot cancel, so the group is poisoned; `begin` of the next attempt joins a new one."""
+        self.close()
+
     def close(self) -> None:
         if self._link is not None:
             self._link.close()

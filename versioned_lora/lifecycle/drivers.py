@@ -15,10 +15,10 @@ from typing import Any, TypeAlias
 import attrs
 from immutables import Map
 
-from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine
+from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
 from versioned_lora.lifecycle.results import Aborted, ReclaimClaimed, ReclaimConfirmed, Rejected
-from versioned_lora.spec.drivers import DRIVER_ROWS, TERMINAL, Driver, DriverOutcome, DriverRow, Input
+from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, DriverOutcome, DriverRow, Input
 from versioned_lora.spec.events import (
     NO_FENCE,
     Abort,
@@ -26,6 +26,8 @@ from versioned_lora.spec.events import (
     Commit,
     ConfirmReclaim,
     RecordCleaned,
+    RecordPrepared,
+    RecordReady,
     RecordUnknown,
     RegistryEvent,
 )
@@ -46,8 +48,12 @@ class Call:
 
 @attrs.frozen(order=True)
 class Timer:
-    name: str  # "commit" | "claim" | "engine" | "report" | "backoff"
+    """A timer names the one call it bounds: a Deadline of an earlier call (already in the inbox when that call
+    was answered) never passes for the deadline of the next one, so it lands on a late row."""
+
+    name: str  # "commit" | "claim" | "engine" | "report" | "backoff"; staging: the call's op
     engine: str = ""
+    index: int = -1  # staging's bucket calls: the bucket
 
 
 @attrs.frozen
@@ -129,6 +135,33 @@ class ReclaimEngine:
 
 
 @attrs.frozen
+class StageEngine:
+    """One staging call on one engine: `begin`, bucket `index`, or `end` (the executor runs the port's call;
+    `end` answers with the engine's receipt: READY_LOCAL, its incarnation and digest, and the probe)."""
+
+    call: Call  # op: "begin" | "bucket" | "end"
+    engine: str
+    index: int = -1  # the bucket, for "bucket"
+
+
+@attrs.frozen
+class CheckProbe:
+    """Compare an engine's `end` receipt (its probe, its digest) with the reference: answered True or False."""
+
+    call: Call  # op: "probe"
+    engine: str
+    receipt: Any
+
+
+@attrs.frozen
+class DropLink:
+    """The engine's transfer group may hold a half-done collective: never use it again (the next call joins a
+    new one). No reply: the executor does it at once."""
+
+    engine: str
+
+
+@attrs.frozen
 class Arm:
     timer: Timer
     deadline: str  # the `runtime.deadlines.Deadlines` field that gives its seconds
@@ -147,9 +180,41 @@ class Report:
     reason: str | None = None
 
 
-Command: TypeAlias = Submit | CleanupEngine | ReclaimEngine | Arm | Disarm | Report
+Call_: TypeAlias = Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine  # one I/O each, answered
+Command: TypeAlias = Call_ | DropLink | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
+
+
+@attrs.frozen
+class StageFailure:
+    """Why one engine's staging failed: the input kind that failed it (a refusal, a lost call, a deadline, or
+    the probe check's answer), the call, and a refusal's reason."""
+
+    kind: Input
+    op: str
+    reason: str | None = None
+
+
+@attrs.frozen
+class StageEngineState:
+    phase: str
+    order: StageOnEngine
+    receipt: Any = None  # the engine's `end` answer, once it came
+    failure: StageFailure | None = None
+
+
+@attrs.frozen
+class StageState:
+    """One attempt's staging on the engines the reserve named (or one restarted engine, for a rehydrate)."""
+
+    phase: str
+    version: VersionKey
+    attempt_token: str
+    bucket_count: int
+    engines: Map[str, StageEngineState] = attrs.field(factory=Map)
+    bucket: int = -1  # the bucket sent last to every engine (-1: none yet)
+    reason: str | None = None
 
 
 @attrs.frozen
@@ -191,8 +256,15 @@ class ReclaimState:
     reason: str | None = None
 
 
-DriverState: TypeAlias = SettleState | ReclaimState
-SubState: TypeAlias = CleanupEngineState | ReclaimEngineState
+DriverState: TypeAlias = StageState | SettleState | ReclaimState
+SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState
+
+
+def stage(version: VersionKey, attempt_token: str, bucket_count: int, orders: tuple[StageOnEngine, ...]) -> StageState:
+    if bucket_count < 1 or not orders:
+        raise ValueError(f"staging needs at least one bucket and one engine ({bucket_count}, {len(orders)})")
+    engines = {o.engine: StageEngineState("WAITING", o) for o in orders}  # each waits for its first call
+    return StageState("IDLE", version, attempt_token, bucket_count, Map(engines))
 
 
 def settle(version: VersionKey, attempt_token: str, expected_revision: int, *, commit: bool,
@@ -248,11 +320,23 @@ def _timer(inp: DriverInput, name: str) -> bool:
 
 
 def _settled(s: Any) -> bool:
-    terminal = TERMINAL[Driver.CLEANUP_ENGINE] | TERMINAL[Driver.RECLAIM_ENGINE]
-    return all(sub.phase in terminal for sub in s.engines.values())
+    return all(sub.phase in SETTLES[MACHINE_OF[type(sub)]] for sub in s.engines.values())
 
 
 GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
+    "answers_begin": lambda s, sub, i: _call_op(i) == "begin",
+    "answers_prepared": lambda s, sub, i: _call_op(i) == "prepared",
+    "answers_bucket": lambda s, sub, i: _call_op(i) == "bucket",
+    # An `end` answer is one with the engine's receipt: one without (an executor bug) lands on the late row.
+    "answers_end": lambda s, sub, i: _call_op(i) == "end" and (
+        not isinstance(i, Answer) or (hasattr(i.value, "digest") and hasattr(i.value, "incarnation"))),
+    "answers_probe": lambda s, sub, i: _call_op(i) == "probe",
+    "answers_ready": lambda s, sub, i: _call_op(i) == "ready",
+    "probe_matches": lambda s, sub, i: isinstance(i, Answer) and i.value is True,
+    "stages_settled": lambda s, sub, i: _settled(s),
+    "some_stage_failed": lambda s, sub, i: any(e.phase == "FAILED" for e in s.engines.values()),
+    "more_buckets": lambda s, sub, i: s.bucket + 1 < s.bucket_count,
+    "stage_timer": lambda s, sub, i: isinstance(i, Deadline) and i.timer == _stage_timer(sub, s),
     "wants_commit": lambda s, sub, i: bool(s.commit),
     "answers_commit": lambda s, sub, i: _call_op(i) == "commit",
     "answers_abort": lambda s, sub, i: _call_op(i) == "abort",
@@ -268,8 +352,6 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     and _result(i).state is VersionState.FAILED_CLEAN,
     "claim_says_reclaimed": lambda s, sub, i: isinstance(_result(i), ReclaimClaimed)
     and _result(i).state is VersionState.RECLAIMED,
-    "commit_timer": lambda s, sub, i: _timer(i, "commit"),
-    "claim_timer": lambda s, sub, i: _timer(i, "claim"),
     "engine_timer": lambda s, sub, i: _timer(i, "engine"),
     "backoff_timer": lambda s, sub, i: _timer(i, "backoff"),
     "report_timer": lambda s, sub, i: _timer(i, "report"),
@@ -286,6 +368,65 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
 # A builder of a coordinator row gets and returns the coordinator; one of a sub-machine row, the sub-machine.
 
 Built = tuple[Any, tuple[Command, ...]]
+
+
+def _stage_timer(e: StageEngineState, s: StageState) -> Timer:
+    """The timer of the call the sub-machine's phase waits for (a bucket's names the bucket)."""
+    op = _stage_op(e)
+    return Timer(op, e.order.engine, s.bucket if op == "bucket" else -1)
+
+
+def _start_calls(s: StageState, op: str, deadline: str, phase: str, index: int = -1) -> Built:
+    """The same call to every engine at once, each under its own deadline."""
+    engines: dict[str, StageEngineState] = {}
+    commands: list[Command] = []
+    for name, e in sorted(s.engines.items()):
+        engines[name] = attrs.evolve(e, phase=phase)
+        commands += [StageEngine(Call(op, name), name, index), Arm(Timer(op, name, index), deadline)]
+    return attrs.evolve(s, engines=Map(engines)), tuple(commands)
+
+
+def _send_next_bucket(s: StageState, sub: None, i: DriverInput) -> Built:
+    s = attrs.evolve(s, bucket=s.bucket + 1)
+    return _start_calls(s, "bucket", "bucket", "SENDING", s.bucket)
+
+
+def _note_refusal(e: StageEngineState, s: Any, i: DriverInput) -> Built:
+    if isinstance(i, Deadline):
+        failure = StageFailure(Input.DEADLINE, _stage_op(e), None)
+    elif isinstance(i, Answer) and i.call.op == "probe":
+        failure = StageFailure(Input.ANSWER, "probe")  # the probe differs
+    else:
+        failure = StageFailure(input_kind(i), _call_op(i), _reason(i))
+    return attrs.evolve(e, failure=failure), ()
+
+
+def _stage_op(e: StageEngineState) -> str:
+    """The call a staging sub-machine's phase waits for."""
+    return {"BEGINNING": "begin", "PREPARING": "prepared", "SENDING": "bucket", "ENDING": "end",
+            "CHECKING": "probe", "RECORDING": "ready"}.get(e.phase, e.phase)
+
+
+def _submit_prepared(e: StageEngineState, s: Any, i: DriverInput) -> Built:
+    o = e.order
+    return e, (Submit(Call("prepared", o.engine), RecordPrepared(o.version, o.attempt_token, o.engine, o.incarnation,
+                                                                 o.digest),
+                      f"prepared:{o.attempt_token}:{o.engine}:{o.incarnation}"),)
+
+
+def _check_probe(e: StageEngineState, s: Any, i: DriverInput) -> Built:
+    assert isinstance(i, Answer)
+    e = attrs.evolve(e, receipt=i.value)
+    return e, (CheckProbe(Call("probe", e.order.engine), e.order.engine, i.value),)
+
+
+def _submit_ready(e: StageEngineState, s: Any, i: DriverInput) -> Built:
+    """READY under the incarnation and digest the engine's own `end` answered (the registry refuses a READY
+    from an incarnation or content it did not stage)."""
+    o, receipt = e.order, e.receipt
+    return e, (Submit(Call("ready", o.engine), RecordReady(o.version, o.attempt_token, o.engine,
+                                                           int(receipt.incarnation), str(receipt.digest)),
+                      f"ready:{o.attempt_token}:{o.engine}:{int(receipt.incarnation)}"),)
 
 
 def _submit_commit(s: SettleState, sub: None, i: DriverInput) -> Built:
@@ -333,6 +474,9 @@ def _sub_timer(sub: Any) -> Timer:
 
 
 BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
+    "start_begins": lambda s, sub, i: _start_calls(s, "begin", "begin", "BEGINNING"),
+    "send_next_bucket": _send_next_bucket,
+    "start_ends": lambda s, sub, i: _start_calls(s, "end", "end", "ENDING"),
     "submit_commit": _submit_commit,
     "submit_abort": _submit_abort,
     "arm_commit": lambda s, sub, i: (s, (Arm(Timer("commit"), "commit"),)),
@@ -345,6 +489,14 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "arm_claim": lambda s, sub, i: (s, (Arm(Timer("claim"), "commit"),)),
     "start_reclaims": _start_reclaims,
     # ---- sub-machines
+    "submit_prepared": _submit_prepared,
+    "check_probe": _check_probe,
+    "submit_ready": _submit_ready,
+    "note_refusal": _note_refusal,
+    "drop_link": lambda e, sub, i: (e, (DropLink(e.order.engine),)),
+    "disarm_stage": lambda e, s, i: (e, (Disarm(_stage_timer(e, s)),)),
+    "arm_prepared": lambda e, s, i: (e, (Arm(Timer("prepared", e.order.engine), "report"),)),
+    "arm_ready": lambda e, s, i: (e, (Arm(Timer("ready", e.order.engine), "report"),)),
     "send_cleanup": lambda e, sub, i: (e, (_cleanup_command(e),)),
     "arm_backoff": lambda e, sub, i: (e, (Arm(Timer("backoff", e.order.engine), "retry_pause"),)),
     "disarm_engine": lambda e, sub, i: (e, (Disarm(_sub_timer(e)),)),
@@ -370,6 +522,8 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
 # ---------------------------------------------------------------- step
 
 MACHINE_OF: dict[type, Driver] = {
+    StageState: Driver.STAGE,
+    StageEngineState: Driver.STAGE_ENGINE,
     SettleState: Driver.SETTLE,
     CleanupEngineState: Driver.CLEANUP_ENGINE,
     ReclaimState: Driver.RECLAIM,
@@ -469,9 +623,8 @@ class Drivers:
         new_sub, commands, fired = self._fire(state, sub, inp)
         engines: Any = state.engines
         state = attrs.evolve(state, engines=engines.set(engine, new_sub))
-        was_done, done = sub.phase in TERMINAL[MACHINE_OF[type(sub)]], new_sub.phase in TERMINAL[
-            MACHINE_OF[type(sub)]]
-        if done and not was_done:
+        settles = SETTLES[MACHINE_OF[type(sub)]]
+        if new_sub.phase in settles and new_sub.phase != sub.phase:
             state, more, coordinator = self._fire(state, None, Settled(engine))
             return DriverStep(state, commands + more, (fired, coordinator))
         return DriverStep(state, commands, (fired,))

@@ -9,6 +9,9 @@ itself. Commands run as tasks of their own, one I/O each:
   of the same call after a `Lost` (registry or engine: the table commands it) waits a short, growing
   pause first, so a restarting registry or a dead engine is not hammered. That pause is transport
   policy, not a protocol decision.
+* `StageEngine`: the engine port's `begin`, `transfer_bucket` or `end` of the loop's candidate under the driver's
+  attempt; `CheckProbe`: the caller's probe check of an `end` receipt, answered True or False; `DropLink`: the
+  port's `drop_link`, at once.
 * `CleanupEngine`, `ReclaimEngine`: the engine port's call. `EngineRefused` is `Refusal` (its reason),
   `EngineUnreachable` or a timeout is `Lost`.
 * `Arm`/`Disarm`: a timer (seconds from the caller's `seconds(deadline_name)`); when it fires, `Deadline`.
@@ -32,7 +35,10 @@ from versioned_lora.lifecycle.drivers import (
     DRIVERS,
     Answer,
     Arm,
+    Call,
+    Call_,
     Cancel,
+    CheckProbe,
     CleanupEngine,
     Command,
     Deadline,
@@ -40,11 +46,13 @@ from versioned_lora.lifecycle.drivers import (
     DriverInput,
     Drivers,
     DriverState,
+    DropLink,
     Lost,
-    ReclaimEngine,
     Refusal,
     Reply,
     Report,
+    StageEngine,
+    StageState,
     Start,
     Submit,
     Timer,
@@ -72,8 +80,15 @@ class DriverLoop:
         engines: Mapping[str, StagingEnginePort[Any]],
         seconds: Callable[[str], float],
         drivers: Drivers = DRIVERS,
+        *,
+        candidate: Any = None,
+        probe_check: Callable[[Any], bool] | None = None,
+        on_step: Callable[[Any, Any], None] | None = None,
     ) -> None:
         self.state = state
+        self.candidate = candidate  # what `StageEngine` ships (a staging driver's loop)
+        self.probe_check = probe_check  # `CheckProbe`: an `end` receipt -> matches the reference
+        self._on_step = on_step or (lambda before, after: None)  # the caller's clock: (state before, after)
         self.registry = registry
         self.engines = engines
         self.seconds = seconds
@@ -85,6 +100,7 @@ class DriverLoop:
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
         self._calls: set[asyncio.Task[None]] = set()
         self._retries: dict[str, int] = {}  # registry key or engine call -> times lost in a row so far
+        self.failures: dict[Call, str] = {}  # what a refused or lost call said (for the caller's detail)
         loop = asyncio.get_running_loop()
         self._reported: asyncio.Future[Report] = loop.create_future()
         self._finished: asyncio.Future[Report] = loop.create_future()
@@ -114,7 +130,8 @@ class DriverLoop:
             while not is_done(self.state):
                 inp = await self._inbox.get()
                 step = self.drivers.step(self.state, inp)
-                self.state = step.state
+                before, self.state = self.state, step.state
+                self._on_step(before, self.state)
                 self.fired += step.fired
                 for command in step.commands:
                     self._execute(command)
@@ -150,6 +167,8 @@ class DriverLoop:
             )
         elif isinstance(command, Disarm):
             self._disarm(command.timer)
+        elif isinstance(command, DropLink):
+            self.engines[command.engine].drop_link()
         else:
             task = asyncio.ensure_future(self._io(command))
             self._calls.add(task)
@@ -160,7 +179,7 @@ class DriverLoop:
         if handle is not None:
             handle.cancel()
 
-    async def _io(self, command: Submit | CleanupEngine | ReclaimEngine) -> None:
+    async def _io(self, command: Call_) -> None:
         try:
             outcome = await self._outcome(command)
         except Exception:  # outside the port's contract: we cannot know whether it landed
@@ -169,7 +188,7 @@ class DriverLoop:
             outcome = Lost(command.call)
         self._inbox.put_nowait(outcome)
 
-    async def _outcome(self, command: Submit | CleanupEngine | ReclaimEngine) -> DriverInput:
+    async def _outcome(self, command: Call_) -> DriverInput:
         call = command.call
         retry = command.key if isinstance(command, Submit) else f"{call.op}:{call.engine}"
         lost = self._retries.get(retry, 0)
@@ -181,7 +200,12 @@ class DriverLoop:
                 self._retries.pop(retry, None)
                 self.answers.append(answer.result)
                 return Answer(call, Reply(answer.result, answer.effects, answer.capabilities))
+            if isinstance(command, CheckProbe):
+                assert self.probe_check is not None, "a staging loop needs the caller's probe check"
+                return Answer(call, bool(self.probe_check(command.receipt)))
             engine = self.engines[command.engine]
+            if isinstance(command, StageEngine):
+                return Answer(call, await self._stage(engine, command))
             if isinstance(command, CleanupEngine):
                 await engine.cleanup(command.lora_name, command.attempt_token, command.capability)
                 self._retries.pop(retry, None)
@@ -193,8 +217,19 @@ class DriverLoop:
             self._retries[retry] = lost + 1
             return Lost(call)
         except EngineRefused as refused:
+            self.failures[call] = str(refused)
             return Refusal(call, refused.reason)
         except (EngineUnreachable, TimeoutError) as exc:
+            self.failures[call] = f"{type(exc).__name__}: {exc}"
             self._retries[retry] = lost + 1
             logger.info("%s on %s: outcome unknown (%s)", call.op, call.engine or "registry", exc)
             return Lost(call)
+
+    async def _stage(self, engine: StagingEnginePort[Any], command: StageEngine) -> Any:
+        assert isinstance(self.state, StageState)
+        token = self.state.attempt_token
+        if command.call.op == "begin":
+            return await engine.begin(self.candidate, token)
+        if command.call.op == "bucket":
+            return await engine.transfer_bucket(self.candidate, token, command.index)
+        return await engine.end(self.candidate, token)

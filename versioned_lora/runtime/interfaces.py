@@ -213,6 +213,10 @@ class StagingEnginePort(Protocol[CandidateT_contra]):
 
     async def end(self, candidate: CandidateT_contra, attempt_token: str) -> ReadyReceipt: ...
 
+    def drop_link(self) -> None:
+        """Never use the current transfer group again (a bucket whose outcome is unknown may have left a
+        collective half done in it); the next staging call joins a new one."""
+
     # `capability`: the registry's signed word for this exact call (`RegistryAnswer.capabilities`); engines
     # started with a capability key refuse a cleanup or reclaim without a valid one.
     async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None: ...

@@ -51,8 +51,6 @@ from versioned_lora.lifecycle import (
     AcquireLease,
     EngineRestarted,
     LeaseGranted,
-    RecordPrepared,
-    RecordReady,
     RegistryEffect,
     Rejected,
     ReleaseLease,
@@ -69,13 +67,15 @@ from versioned_lora.runtime.driver_loop import DriverLoop
 from versioned_lora.runtime.interfaces import (
     CandidatePort,
     EngineRefused,
+    EngineUnreachable,
     ProbeCheck,
+    ReadyReceipt,
     RegistryPort,
     RegistryUnavailable,
     SnapshotStorePort,
     StagingEnginePort,
 )
-from versioned_lora.spec.drivers import DriverOutcome
+from versioned_lora.spec.drivers import DriverOutcome, Input
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import PlacementState, VersionState
@@ -181,6 +181,7 @@ class Publisher:
         # outcome); bounded: a long job publishes thousands of versions.
         self.settle_loops: deque[DriverLoop] = deque(maxlen=16)
         self._staging: set[str] = set()  # attempt tokens `publish` is staging now
+        self._armed: dict[str, tuple[float, str]] = {}  # deadline name -> (seconds, bound) last armed
 
     # ---- entry points
     async def sync_incarnations(self) -> None:
@@ -372,35 +373,61 @@ class Publisher:
         self, version: VersionKey, candidate: CandidatePort, token: str, stages: Sequence[StageOnEngine],
         phases: dict[str, float],
     ) -> None:
-        targets = [self.engines[stage.engine] for stage in stages]
+        """Stage the attempt through the stage driver (spec/drivers.py, rows `stage.*` and the per-engine rows):
+        `begin` and PREPARED on every engine, each bucket on every engine before the next goes to any (RFC §3.2),
+        then `end`, the probe check and READY per engine. Each engine's READY is recorded as soon as it is known
+        (sessions keep binding the old default meanwhile: commit needs READY from every target). Raises what
+        failed the staging (the caller aborts); the phases that completed are timed into `phases`."""
+        marks = {"at": time.monotonic()}
 
-        async def begin(engine: StagingEnginePort[Any], stage: StageOnEngine) -> None:
-            await engine.begin(candidate, token)
-            await self._report(RecordPrepared(version, token, engine.name, stage.incarnation, candidate.digest),
-                               f"prepared:{token}:{engine.name}:{stage.incarnation}")
+        def on_step(before: drivers.StageState, after: drivers.StageState) -> None:
+            now = time.monotonic()
+            if after != before:
+                self._last_progress = now
+            moved = after.phase != before.phase or after.bucket != before.bucket
+            failed = any(e.phase == "FAILED" for e in after.engines.values())
+            if moved and not failed and after.phase in ("TRANSFERRING", "ENDING", "DONE"):
+                label = _phase_label(before)
+                phases[label] = now - marks["at"]
+                self._on_phase("", label, phases[label])
+                marks["at"] = now
 
-        await self._timed(phases, "begin", settle_all([begin(e, s) for e, s in zip(targets, stages, strict=True)]))
-        for index in range(candidate.bucket_count):
-            # Bucket i completes on every target before bucket i+1 starts.
-            await self._timed(phases, f"bucket_{index}", settle_all(
-                [engine.transfer_bucket(candidate, token, index) for engine in targets]
-            ))
+        def probe(receipt: ReadyReceipt) -> bool:
+            return self.probe_check(candidate, receipt.probe_token, receipt.probe_logprob)
 
-        async def end(engine: StagingEnginePort[Any]) -> None:
-            # Each engine's READY is recorded as soon as it is known (sessions keep binding the old
-            # default meanwhile: commit needs READY from every target).
-            receipt = await engine.end(candidate, token)
-            if not self.probe_check(candidate, receipt.probe_token, receipt.probe_logprob):
-                raise EngineRefused(PublisherRefusal.PROBE_MISMATCH, f"{engine.name}: probe {receipt.probe_token}/"
-                                    f"{receipt.probe_logprob:.5f} differs from the reference forward")
-            answer = await self._report(
-                RecordReady(version, token, engine.name, receipt.incarnation, receipt.digest),
-                f"ready:{token}:{engine.name}:{receipt.incarnation}",
-            )
-            if isinstance(answer.result, Rejected):
-                raise EngineRefused(str(answer.result.reason), f"registry refused READY from {engine.name}")
+        loop = DriverLoop(drivers.stage(version, token, candidate.bucket_count, tuple(stages)), self.registry,
+                          self.engines, self.seconds, candidate=candidate, probe_check=probe, on_step=on_step)
+        try:
+            report = await loop.finished()
+        except asyncio.CancelledError:
+            loop.cancel()  # row stage.cancel: calls in flight end; the attempt stays LOADING until `recover`
+            raise
+        if report.outcome is not DriverOutcome.STAGED:
+            state = loop.state
+            assert isinstance(state, drivers.StageState)
+            raise self._stage_failure(state, loop)
 
-        await self._timed(phases, "end", settle_all([end(engine) for engine in targets]))
+    def _stage_failure(self, state: drivers.StageState, loop: DriverLoop) -> Exception:
+        """The exception that tells the caller why staging failed: the first failed engine's (by name)."""
+        name, failed = next((n, e) for n, e in sorted(state.engines.items()) if e.phase == "FAILED")
+        failure = failed.failure
+        assert failure is not None
+        said = loop.failures.get(drivers.Call(failure.op, name), "")
+        if failure.kind is Input.DEADLINE:
+            limit, bound = self._armed.get(STAGE_DEADLINE[failure.op], (0.0, "deadline"))
+            seconds = self.deadlines.max_no_progress if bound == "max_no_progress" else limit
+            label = _phase_label(attrs.evolve(state, phase=STAGE_PHASE[failure.op]))
+            return PhaseDeadlineMissed(label, seconds, bound)
+        if failure.kind is Input.LOST:
+            return EngineUnreachable(f"{name}: {failure.op}: {said or 'no answer'}")
+        if failure.op == "probe":
+            receipt = failed.receipt
+            return EngineRefused(PublisherRefusal.PROBE_MISMATCH, f"{name}: probe {receipt.probe_token}/"
+                                 f"{receipt.probe_logprob:.5f} differs from the reference forward")
+        assert failure.reason is not None
+        if failure.op in ("prepared", "ready"):
+            said = f"registry refused {failure.op.upper()} from {name}: {failure.reason}"
+        return EngineRefused(failure.reason, said or f"{name}: {failure.op} refused: {failure.reason}")
 
     async def _commit_and_resolve(
         self, version: VersionKey, lora_name: str | None, token: str, phases: dict[str, float], fence: int
@@ -458,11 +485,14 @@ class Publisher:
         return loop
 
     def seconds(self, deadline: str) -> float:
-        """A driver timer's seconds: the named deadline; the commit's is capped by the run's no-progress bound
-        (the bound covers staging and the commit, not the abort and cleanup that follow a missed phase)."""
-        if deadline == "commit":
-            return self._phase_limit("commit")[0]
-        return float(getattr(self.deadlines, deadline))
+        """A driver timer's seconds: the named deadline; staging's and the commit's are capped by the run's
+        no-progress bound (the bound covers staging and the commit, not the abort and cleanup that follow a
+        missed phase). The last bound armed per deadline is kept, to say which one fired."""
+        if deadline in ("begin", "bucket", "end", "commit"):
+            self._armed[deadline] = self._phase_limit(deadline)
+            return self._armed[deadline][0]
+        self._armed[deadline] = (float(getattr(self.deadlines, deadline)), "deadline")
+        return self._armed[deadline][0]
 
     @staticmethod
     def _outcome(report: drivers.Report, version: VersionKey, lora_name: str | None, token: str,
@@ -543,11 +573,13 @@ class Publisher:
         return (limit, "deadline") if limit <= remaining else (remaining, "max_no_progress")
 
 
-async def settle_all(calls: Sequence[Awaitable[Any]]) -> list[Any]:
-    """Like gather, but every call has finished (or failed) before the first error is raised: a phase
-    that failed on one engine never leaves the other engine's work racing the cleanup that follows."""
-    results = await asyncio.gather(*calls, return_exceptions=True)
-    for result in results:
-        if isinstance(result, BaseException):
-            raise result
-    return list(results)
+# A staging call's deadline (a `Deadlines` field) and the stage coordinator's phase it runs in.
+STAGE_DEADLINE = {"begin": "begin", "prepared": "report", "bucket": "bucket", "end": "end", "probe": "end",
+                  "ready": "report"}
+STAGE_PHASE = {"begin": "BEGINNING", "prepared": "BEGINNING", "bucket": "TRANSFERRING", "end": "ENDING",
+               "probe": "ENDING", "ready": "ENDING"}
+
+
+def _phase_label(state: drivers.StageState) -> str:
+    """The name a staging phase is timed under in `PublishOutcome.phases`: begin, bucket_<i>, end."""
+    return {"BEGINNING": "begin", "ENDING": "end"}.get(state.phase, f"bucket_{state.bucket}")

@@ -4,7 +4,8 @@ Theory of operation (read this with `spec/table.py`, whose style it follows). Th
 engines decide what may happen; a *driver* carries one piece of work out against them: it sends calls,
 waits, and decides what to do with each answer. Those decisions lose data when they are made by hand
 (a cleanup derived from a view unloaded a just-committed default), so they are rows too, and the
-runtime's `Publisher` and `Reclaimer` only execute what a row commands.
+runtime's `Publisher` (staging, then commit or abort and cleanup) and `Reclaimer` only execute what a row
+commands.
 
 A driver is sans-I/O: `step(state, input) -> (state, commands)` (`versioned_lora.lifecycle.drivers`).
 
@@ -13,14 +14,19 @@ A driver is sans-I/O: `step(state, input) -> (state, commands)` (`versioned_lora
   have landed: a lost reply, an unreachable engine), `Deadline` (a timer the driver armed fired; it may
   fire while the call's reply is still in flight), `Cancel` (the caller gave up waiting) and `Settled`
   (internal: a per-engine sub-machine reached a terminal state and its coordinator looks again).
-* Commands are what a driver asks the executor to do, one I/O each: a registry call (under an
+* Commands are what a driver asks the executor to do, one I/O each: an engine's staging call (begin, one
+  bucket, end), the probe check of an `end` receipt, dropping a transfer group that may hold a half-done
+  collective, a registry call (under an
   idempotency key derived from the driver's state, never from a clock or a uuid, so a retry is the
   same call and a late reply lands on a "late" row), an engine call, arming or disarming a timer (the
   driver holds no clock), and `Report` (tell the caller how the work ended; the driver may go on, e.g.
   resolving a commit whose outcome it reported as unknown).
 * Shape: a coordinator per piece of work and one sub-machine per engine (`*_ENGINE`); an input naming
-  an engine steps that engine's sub-machine, and when the sub-machine reaches a terminal state its
-  coordinator is stepped with `Settled`, whose rows decide whether the whole work is done.
+  an engine steps that engine's sub-machine, and when the sub-machine enters a phase of `SETTLES` (a terminal
+  one, or staging's WAITING) its coordinator is stepped with `Settled`, whose rows decide what comes next:
+  the stage coordinator holds RFC §3.2's barrier that way (bucket i has landed on every engine before bucket
+  i+1 goes to any), and decides the staging only once every engine has settled, so no engine's call is still
+  running when the abort's cleanup reaches it.
 
 Reading a row: when an input of kind `input` reaches a driver of `machine` whose phase is one of
 `sources`, the rows for that (machine, phase, input) are tried top to bottom; the first whose `guards`
@@ -31,7 +37,8 @@ input. Only such rows may use the wildcard source. A (phase, input) pair that no
 the executor and raises the one `ProtocolError`.
 
 A driver in a terminal phase is finished: its executor cancels every timer it still has armed, so rows
-into a terminal phase disarm nothing.
+into a terminal phase disarm nothing. A coordinator's Deadline rows name no timer: a running coordinator
+receives only its own one timer (commit or claim); an engine's timers reach that engine's sub-machine.
 
 What "unknown" means here (RFC §3.4, DESIGN.md §1): a call whose outcome is unknown keeps the resource
 and the capacity. A commit that may have landed is never aborted; an abort whose reply is lost or that
@@ -49,6 +56,8 @@ from versioned_lora.spec.states import SAME, WILDCARD
 
 
 class Driver(StrEnum):
+    STAGE = "stage"  # one attempt's staging: begin, then bucket after bucket, then end, on every target engine
+    STAGE_ENGINE = "stage_engine"  # one engine's begin (and PREPARED), each bucket, end, probe and READY
     SETTLE = "settle"  # a staged publication's end game: commit and its resolution, or abort and cleanup
     CLEANUP_ENGINE = "cleanup_engine"  # one engine's cleanup of an aborted attempt, and its report
     RECLAIM = "reclaim"  # one reclaim: claim, then every engine the claim names
@@ -68,6 +77,8 @@ class Input(StrEnum):
 class DriverOutcome(StrEnum):
     """What a driver reports to its caller (the runtime maps these onto its public outcome enums)."""
 
+    STAGED = "STAGED"  # READY recorded from every target engine: the attempt may be committed
+    STAGE_FAILED = "STAGE_FAILED"  # some engine's staging failed: certainly not committed, abort it
     COMMITTED = "COMMITTED"
     FAILED_CLEAN = "FAILED_CLEAN"  # aborted, and every engine's cleanup recorded: the slot is free
     UNKNOWN = "UNKNOWN"  # an outcome that may have landed without its answer: resource and capacity kept
@@ -77,6 +88,11 @@ class DriverOutcome(StrEnum):
 
 
 PHASES: dict[Driver, tuple[str, ...]] = {
+    Driver.STAGE: ("IDLE", "BEGINNING", "TRANSFERRING", "ENDING", "DONE"),
+    # WAITING: for the coordinator's next call (the first one, or the next after PREPARED recorded or the current
+    # bucket landed: RFC §3.2's barrier).
+    Driver.STAGE_ENGINE: ("WAITING", "BEGINNING", "PREPARING", "SENDING", "ENDING", "CHECKING", "RECORDING",
+                          "READY", "FAILED"),
     # COMMIT_UNRESOLVED: the commit's outcome was reported unknown; the same commit is retried until answered.
     Driver.SETTLE: ("IDLE", "COMMITTING", "COMMIT_UNRESOLVED", "ABORTING", "CLEANING", "DONE"),
     Driver.CLEANUP_ENGINE: ("CLEANING", "WAITING_IDLE", "RECORDING", "RECORDING_UNKNOWN", "CLEANED", "UNCONFIRMED"),
@@ -85,13 +101,21 @@ PHASES: dict[Driver, tuple[str, ...]] = {
 }
 # The phases in which a sub-machine is finished with its engine (its coordinator is told `Settled`).
 TERMINAL: dict[Driver, frozenset[str]] = {
+    Driver.STAGE: frozenset({"DONE"}),
+    Driver.STAGE_ENGINE: frozenset({"READY", "FAILED"}),
     Driver.SETTLE: frozenset({"DONE"}),
     Driver.CLEANUP_ENGINE: frozenset({"CLEANED", "UNCONFIRMED"}),
     Driver.RECLAIM: frozenset({"DONE"}),
     Driver.RECLAIM_ENGINE: frozenset({"CONFIRMED", "UNCONFIRMED"}),
 }
+# The phases whose entry tells the coordinator `Settled`: the terminal ones, and for staging WAITING too (the
+# RFC §3.2 barrier: the coordinator sends the next call once every engine is WAITING).
+SETTLES: dict[Driver, frozenset[str]] = {**TERMINAL, Driver.STAGE_ENGINE: frozenset({"WAITING", "READY", "FAILED"})}
 # The inputs each machine can receive: every (phase, input) pair of these is covered by a row.
 INPUTS: dict[Driver, tuple[Input, ...]] = {
+    Driver.STAGE: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL,
+                   Input.SETTLED),
+    Driver.STAGE_ENGINE: (Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE),
     Driver.SETTLE: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL,
                     Input.SETTLED),
     Driver.CLEANUP_ENGINE: (Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE),
@@ -131,12 +155,94 @@ def late(id: str, machine: Driver, sources: str, input: Input, doc: str = "") ->
     return DriverRow(id, machine, tuple(sources.split()), input, SAME, doc=doc)
 
 
+SG, SN = Driver.STAGE, Driver.STAGE_ENGINE
 SE, CE, RC, RE = Driver.SETTLE, Driver.CLEANUP_ENGINE, Driver.RECLAIM, Driver.RECLAIM_ENGINE
 I = Input  # noqa: E741 - the table reads better with a one-letter namespace
 O = DriverOutcome  # noqa: E741
 
 # fmt: off
 DRIVER_ROWS: tuple[DriverRow, ...] = (
+    # ================================================================ stage
+    row("stage.start", SG, "IDLE", I.START, "BEGINNING", commands=("start_begins",),
+        doc="`begin` on every target engine the reserve named, at once."),
+    row("stage.failed", SG, "BEGINNING TRANSFERRING ENDING", I.SETTLED, "DONE",
+        guards=("stages_settled", "some_stage_failed"), report=O.STAGE_FAILED,
+        doc="Every engine has settled and one failed: certainly not committed (the caller aborts). Nothing is "
+            "cut short on the others: no engine's work races the cleanup that follows. Each failed engine's "
+            "sub-machine says why (its `failure`)."),
+    row("begin.all_prepared", SG, "BEGINNING", I.SETTLED, "TRANSFERRING", guards=("stages_settled",),
+        commands=("send_next_bucket",), doc="PREPARED recorded from every engine: bucket 0 to all of them."),
+    row("transfer.next_bucket", SG, "TRANSFERRING", I.SETTLED, SAME, guards=("stages_settled", "more_buckets"),
+        commands=("send_next_bucket",),
+        doc="RFC §3.2's barrier: bucket i landed on every engine before bucket i+1 goes to any."),
+    row("transfer.all_landed", SG, "TRANSFERRING", I.SETTLED, "ENDING", guards=("stages_settled",),
+        commands=("start_ends",), doc="The last bucket landed everywhere: `end` on every engine."),
+    row("ending.all_ready", SG, "ENDING", I.SETTLED, "DONE", guards=("stages_settled",), report=O.STAGED,
+        doc="READY recorded from every engine: the attempt may be committed."),
+    late("stage.waiting", SG, "BEGINNING TRANSFERRING ENDING", I.SETTLED, doc="Other engines are still busy."),
+    row("stage.cancel", SG, "BEGINNING TRANSFERRING ENDING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="The caller gave up: calls in flight are cancelled (their late answers land nowhere); the attempt "
+            "stays LOADING in the registry, and `recover` settles it."),
+    late("stage.late_reply", SG, "DONE", I.ANSWER, doc="An engine's answer after the staging ended."),
+    late("stage.late_refusal", SG, "DONE", I.REFUSAL),
+    late("stage.late_lost", SG, "DONE", I.LOST),
+    late("stage.late_timer", SG, "DONE", I.DEADLINE),
+    late("stage.late_cancel", SG, "DONE", I.CANCEL),
+    # ================================================================ stage x engine
+    row("begin.begun", SN, "BEGINNING", I.ANSWER, "PREPARING", guards=("answers_begin",),
+        commands=("disarm_stage", "submit_prepared", "arm_prepared"),
+        doc="Staging opened on the engine: record PREPARED (one key per attempt, engine and incarnation)."),
+    row("begin.refused", SN, "BEGINNING", I.REFUSAL, "FAILED", guards=("answers_begin",),
+        commands=("disarm_stage", "note_refusal")),
+    row("begin.lost", SN, "BEGINNING", I.LOST, "FAILED", guards=("answers_begin",),
+        commands=("disarm_stage", "note_refusal"),
+        doc="Unreachable: the attempt fails (the abort's answer names this engine's cleanup if it is placed)."),
+    row("begin.deadline", SN, "BEGINNING", I.DEADLINE, "FAILED", guards=("stage_timer",),
+        commands=("note_refusal",), doc="The begin in flight counts for nothing: its late answer lands late."),
+    row("prepared.recorded", SN, "PREPARING", I.ANSWER, "WAITING", guards=("answers_prepared",),
+        commands=("disarm_stage",)),
+    row("prepared.refused", SN, "PREPARING", I.REFUSAL, "FAILED", guards=("answers_prepared",),
+        commands=("disarm_stage", "note_refusal"), doc="E.g. a stale incarnation: the registry keeps what it has."),
+    row("prepared.lost", SN, "PREPARING", I.LOST, SAME, guards=("answers_prepared",), commands=("submit_prepared",),
+        doc="The same key again: answered from the journal if it landed."),
+    row("prepared.deadline", SN, "PREPARING", I.DEADLINE, "FAILED", guards=("stage_timer",),
+        commands=("note_refusal",)),
+    row("bucket.landed", SN, "SENDING", I.ANSWER, "WAITING", guards=("answers_bucket",), commands=("disarm_stage",),
+        doc="The engine stashed the bucket (and hashes it while the next one comes)."),
+    row("bucket.refused", SN, "SENDING", I.REFUSAL, "FAILED", guards=("answers_bucket",),
+        commands=("disarm_stage", "note_refusal")),
+    row("bucket.lost", SN, "SENDING", I.LOST, "FAILED", guards=("answers_bucket",),
+        commands=("disarm_stage", "note_refusal", "drop_link"),
+        doc="The collective may be half done: the link's group is poisoned and never used again."),
+    row("bucket.deadline", SN, "SENDING", I.DEADLINE, "FAILED", guards=("stage_timer",),
+        commands=("note_refusal", "drop_link"),
+        doc="A fired deadline does not end a gloo/NCCL send that cannot be cancelled: the group is poisoned and "
+            "never used again (the next call on this engine joins a new one)."),
+    row("end.answered", SN, "ENDING", I.ANSWER, "CHECKING", guards=("answers_end",),
+        commands=("disarm_stage", "check_probe"),
+        doc="READY_LOCAL: compare the engine's probe with the reference forward before READY is recorded."),
+    row("end.refused", SN, "ENDING", I.REFUSAL, "FAILED", guards=("answers_end",),
+        commands=("disarm_stage", "note_refusal"), doc="E.g. MANIFEST_MISMATCH: the engine cleaned the stash."),
+    row("end.lost", SN, "ENDING", I.LOST, "FAILED", guards=("answers_end",),
+        commands=("disarm_stage", "note_refusal")),
+    row("end.deadline", SN, "ENDING", I.DEADLINE, "FAILED", guards=("stage_timer",), commands=("note_refusal",)),
+    row("probe.matches", SN, "CHECKING", I.ANSWER, "RECORDING", guards=("answers_probe", "probe_matches"),
+        commands=("submit_ready", "arm_ready"),
+        doc="Record READY (one key per attempt, engine and the incarnation that answered)."),
+    row("probe.mismatch", SN, "CHECKING", I.ANSWER, "FAILED", guards=("answers_probe",),
+        commands=("note_refusal",), doc="The adapter loaded is not the one published: never recorded READY."),
+    row("probe.lost", SN, "CHECKING", I.LOST, "FAILED", guards=("answers_probe",), commands=("note_refusal",),
+        doc="The check itself failed (the reference forward raised): not known to match, so never READY."),
+    row("ready.recorded", SN, "RECORDING", I.ANSWER, "READY", guards=("answers_ready",), commands=("disarm_stage",)),
+    row("ready.refused", SN, "RECORDING", I.REFUSAL, "FAILED", guards=("answers_ready",),
+        commands=("disarm_stage", "note_refusal")),
+    row("ready.lost", SN, "RECORDING", I.LOST, SAME, guards=("answers_ready",), commands=("submit_ready",)),
+    row("ready.deadline", SN, "RECORDING", I.DEADLINE, "FAILED", guards=("stage_timer",), commands=("note_refusal",),
+        doc="Not known to be recorded: the attempt fails (an abort of an attempt READY here is still an abort)."),
+    late("stage_engine.late_reply", SN, "*", I.ANSWER, doc="A reply to a call this phase does not wait for."),
+    late("stage_engine.late_refusal", SN, "*", I.REFUSAL),
+    late("stage_engine.late_lost", SN, "*", I.LOST),
+    late("stage_engine.late_timer", SN, "*", I.DEADLINE),
     # ================================================================ settle: commit
     row("settle.commit", SE, "IDLE", I.START, "COMMITTING", guards=("wants_commit",),
         commands=("submit_commit", "arm_commit"),
@@ -151,7 +257,7 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("commit.lost", SE, "COMMITTING COMMIT_UNRESOLVED", I.LOST, SAME, guards=("answers_commit",),
         commands=("submit_commit",),
         doc="The commit may have landed: the same key again, answered from the journal if it did."),
-    row("commit.deadline", SE, "COMMITTING", I.DEADLINE, "COMMIT_UNRESOLVED", guards=("commit_timer",),
+    row("commit.deadline", SE, "COMMITTING", I.DEADLINE, "COMMIT_UNRESOLVED",
         report=O.UNKNOWN,
         doc="Never an abort: the outcome is unknown, reported so; the call in flight resolves it "
             "(RFC §3.4: 结果没确认前不清理 B，也不开始下一次 publication)."),
@@ -172,7 +278,7 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         doc="E.g. abort.after_commit: the commit landed and its reply was lost. Nothing is cleaned."),
     row("abort.lost", SE, "ABORTING", I.LOST, SAME, guards=("answers_abort",), commands=("submit_abort",),
         doc="The abort may have landed: the same key again."),
-    row("abort.deadline", SE, "ABORTING", I.DEADLINE, "DONE", guards=("commit_timer",), report=O.UNKNOWN,
+    row("abort.deadline", SE, "ABORTING", I.DEADLINE, "DONE", report=O.UNKNOWN,
         doc="No answer in time: nothing is cleaned on the strength of an abort that may not have landed."),
     row("abort.cancel", SE, "ABORTING CLEANING", I.CANCEL, "DONE", report=O.UNKNOWN,
         doc="What was not confirmed stays CLEANING in the registry (capacity kept); `recover` finishes it."),
@@ -239,7 +345,7 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("claim.refused", RC, "CLAIMING", I.REFUSAL, "DONE", guards=("answers_claim",),
         report=O.REJECTED, doc="E.g. claim.in_use: nothing was unloaded."),
     row("claim.lost", RC, "CLAIMING", I.LOST, SAME, guards=("answers_claim",), commands=("submit_claim",)),
-    row("claim.deadline", RC, "CLAIMING", I.DEADLINE, "DONE", guards=("claim_timer",), report=O.UNKNOWN,
+    row("claim.deadline", RC, "CLAIMING", I.DEADLINE, "DONE", report=O.UNKNOWN,
         doc="The claim may have landed: nothing is sent to any engine on the strength of it."),
     row("claim.cancel", RC, "CLAIMING", I.CANCEL, "DONE", report=O.UNKNOWN),
     row("reclaiming.all_confirmed", RC, "RECLAIMING", I.SETTLED, "DONE",
@@ -289,6 +395,8 @@ def driver_rows_for(machine: Driver, rows: tuple[DriverRow, ...] = DRIVER_ROWS) 
 # The pairs no row covers, and why none can happen with an executor that follows driver_loop.py: reaching
 # one is the ProtocolError (the model checker counts it as a violation).
 NOT_POSSIBLE = {
+    "stage replies": "the stage coordinator makes no call of its own: while it runs, every reply and timer is an "
+    "engine's and reaches that engine's sub-machine; only a finished coordinator receives them (its late rows)",
     "IDLE": "the executor's first input is Start; nothing else is in flight before it",
     "Start": "Start is sent once, before any other input",
     "Settled": "only a sub-machine that just finished produces it, and only while its coordinator waits for it",
