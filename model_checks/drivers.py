@@ -484,7 +484,7 @@ class DriverSystem:
                 for kind, c in w.net):
             out.append("abort_never_commits: a settle started to abort (staging failed) sent a commit")
         d = w.driver
-        waiting = {"CLEANING": Timer("commit"), "RECLAIMING": Timer("claim")}.get(d.phase)
+        waiting = {"CLEANING": Timer("abort"), "RECLAIMING": Timer("claim")}.get(d.phase)
         if waiting is not None and waiting in w.timers:
             out.append(f"timers_follow_calls: {d.phase} still has the {waiting.name} timer armed")
         for name, sub in d.engines.items():

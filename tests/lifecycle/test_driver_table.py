@@ -18,10 +18,12 @@ from versioned_lora.lifecycle.drivers import (
     DRIVERS,
     GUARDS,
     Answer,
+    Arm,
     Call,
     Cancel,
     CleanupEngineState,
     Deadline,
+    Disarm,
     Drivers,
     Lost,
     ReclaimEngineState,
@@ -123,6 +125,18 @@ def test_a_fired_commit_deadline_is_unknown_and_never_an_abort() -> None:
     assert [c for c in commands if isinstance(c, Report)] == [Report(DriverOutcome.UNKNOWN)]
     submits = [c for c in commands if isinstance(c, Submit)]
     assert [c.key for c in submits] == ["commit:t:1", "commit:t:1"]  # the same key, never an abort
+
+
+def test_the_commit_deadline_already_in_the_inbox_does_not_end_the_abort_that_follows_its_refusal() -> None:
+    """The commit's refusal was queued, then its timer fired before the driver stepped: the refusal starts the
+    abort (under its own timer), and the stale commit Deadline lands late instead of ending that abort UNKNOWN."""
+    refused = Answer(Call("commit"), Reply(Rejected(Reason.NOT_READY, "commit.not_ready")))
+    state, fired, commands = _run(settle(B, "t", 1, commit=True), Start(), refused, Deadline(Timer("commit")))
+    assert fired == ["settle.commit", "commit.refused", "settle.late_timer"] and state.phase == "ABORTING"
+    assert Disarm(Timer("commit")) in commands and Arm(Timer("abort"), "abort") in commands
+    assert not [c for c in commands if isinstance(c, Report)]
+    state, fired, _ = _run(state, Deadline(Timer("abort")))
+    assert fired == ["abort.deadline"] and state.phase == "DONE"
 
 
 def test_a_refused_abort_cleans_nothing() -> None:
@@ -255,7 +269,8 @@ _CALLS = [Call(op, e) for op in ("commit", "abort", "claim") for e in ("",)] + [
     Call(op, e) for op in ("cleanup", "cleaned", "unknown", "reclaim", "confirm", "begin", "prepared", "bucket", "end",
                            "probe", "ready") for e in ENGINES
 ]
-_TIMERS = [Timer("commit"), Timer("claim")] + [Timer(n, e) for n in ("engine", "report", "backoff") for e in ENGINES]
+_TIMERS = [Timer("commit"), Timer("abort"), Timer("claim")]
+_TIMERS += [Timer(n, e) for n in ("engine", "report", "backoff") for e in ENGINES]
 _TIMERS += [Timer(n, e, i) for n in ("begin", "prepared", "bucket", "end", "ready") for e in ENGINES
             for i in (-1, 0, 1)]
 

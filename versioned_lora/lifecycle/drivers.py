@@ -353,6 +353,7 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "claim_says_reclaimed": lambda s, sub, i: isinstance(_result(i), ReclaimClaimed)
     and _result(i).state is VersionState.RECLAIMED,
     "engine_timer": lambda s, sub, i: _timer(i, "engine"),
+    "abort_timer": lambda s, sub, i: _timer(i, "abort"),
     "backoff_timer": lambda s, sub, i: _timer(i, "backoff"),
     "report_timer": lambda s, sub, i: _timer(i, "report"),
     "in_use": lambda s, sub, i: isinstance(i, Refusal) and i.reason == Reason.IN_USE,
@@ -469,6 +470,11 @@ def _reclaim_command(e: ReclaimEngineState) -> ReclaimEngine:
     return ReclaimEngine(Call("reclaim", o.engine), o.engine, o.lora_name, o.reclaim_id, e.capability)
 
 
+def _own_timer(s: SettleState | ReclaimState) -> Timer:
+    """The coordinator's own timer in its phase: the claim's, the abort's, or the commit's."""
+    return Timer("claim" if isinstance(s, ReclaimState) else "abort" if s.phase == "ABORTING" else "commit")
+
+
 def _sub_timer(sub: Any) -> Timer:
     return Timer("engine", sub.order.engine)
 
@@ -482,8 +488,8 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "arm_commit": lambda s, sub, i: (s, (Arm(Timer("commit"), "commit"),)),
     # The same timer (one registry call is in flight at a time), its own deadline: no-progress bounds staging
     # and the commit, not the abort that follows them.
-    "arm_abort": lambda s, sub, i: (s, (Arm(Timer("commit"), "abort"),)),
-    "disarm": lambda s, sub, i: (s, (Disarm(Timer("claim" if isinstance(s, ReclaimState) else "commit")),)),
+    "arm_abort": lambda s, sub, i: (s, (Arm(Timer("abort"), "abort"),)),
+    "disarm": lambda s, sub, i: (s, (Disarm(_own_timer(s)),)),
     "start_cleanups": _start_cleanups,
     "submit_claim": _submit_claim,
     "arm_claim": lambda s, sub, i: (s, (Arm(Timer("claim"), "commit"),)),

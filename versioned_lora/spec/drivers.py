@@ -37,8 +37,10 @@ input. Only such rows may use the wildcard source. A (phase, input) pair that no
 the executor and raises the one `ProtocolError`.
 
 A driver in a terminal phase is finished: its executor cancels every timer it still has armed, so rows
-into a terminal phase disarm nothing. A coordinator's Deadline rows name no timer: a running coordinator
-receives only its own one timer (commit or claim); an engine's timers reach that engine's sub-machine.
+into a terminal phase disarm nothing. A running coordinator receives only its own timers (an engine's reach
+that engine's sub-machine): the commit's, then (after a refused commit) the abort's, or the claim's. Only
+ABORTING can see a timer of an earlier call (the commit's, fired while its refusal was already in the
+inbox), so only abort.deadline names its timer; the stale one lands on settle.late_timer.
 
 What "unknown" means here (RFC §3.4, DESIGN.md §1): a call whose outcome is unknown keeps the resource
 and the capacity. A commit that may have landed is never aborted; an abort whose reply is lost or that
@@ -252,7 +254,7 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("commit.committed", SE, "COMMITTING COMMIT_UNRESOLVED", I.ANSWER, "DONE", guards=("answers_commit",),
         report=O.COMMITTED),
     row("commit.refused", SE, "COMMITTING COMMIT_UNRESOLVED", I.REFUSAL, "ABORTING", guards=("answers_commit",),
-        commands=("submit_abort", "arm_abort"),
+        commands=("disarm", "submit_abort", "arm_abort"),
         doc="A certain refusal (not ready everywhere, revision moved): the commit did not land; abort."),
     row("commit.lost", SE, "COMMITTING COMMIT_UNRESOLVED", I.LOST, SAME, guards=("answers_commit",),
         commands=("submit_commit",),
@@ -278,7 +280,7 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         doc="E.g. abort.after_commit: the commit landed and its reply was lost. Nothing is cleaned."),
     row("abort.lost", SE, "ABORTING", I.LOST, SAME, guards=("answers_abort",), commands=("submit_abort",),
         doc="The abort may have landed: the same key again."),
-    row("abort.deadline", SE, "ABORTING", I.DEADLINE, "DONE", report=O.UNKNOWN,
+    row("abort.deadline", SE, "ABORTING", I.DEADLINE, "DONE", guards=("abort_timer",), report=O.UNKNOWN,
         doc="No answer in time: nothing is cleaned on the strength of an abort that may not have landed."),
     row("abort.cancel", SE, "ABORTING CLEANING", I.CANCEL, "DONE", report=O.UNKNOWN,
         doc="What was not confirmed stays CLEANING in the registry (capacity kept); `recover` finishes it."),
