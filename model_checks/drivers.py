@@ -29,9 +29,14 @@ adapter's ReclaimAdapter and, once drained, FinishUnload, and answers whether it
 Properties, on every reachable world:
   committed_stays_loaded   a version the registry committed and has not claimed for reclaim stays READY
                            on every engine where the registry has it READY (no cleanup, no unload)
-  report_is_true           COMMITTED / FAILED_CLEAN / RECLAIMED / STAGED are reported only when the registry says so
+  report_is_true           COMMITTED / FAILED_CLEAN / RECLAIMED / STAGED / REPLAYED are reported only when the registry
+                           says so
   reports_fit_the_work     each driver reports only its own outcomes (a stage never COMMITTED, a settle never PENDING)
-  only_unknown_before_the_end  a driver that is not done has reported nothing but UNKNOWN (the commit's deadline)
+  only_unknown_before_the_end  a driver that is not done has reported nothing, except a committing settle's
+                           UNKNOWN (its commit, reported unknown, is resolved and its answer carried out after it)
+  unresolved_is_reported   a commit being resolved (COMMIT_UNRESOLVED) was reported UNKNOWN to its caller
+  reports_what_it_knows    a reclaim the registry answered RECLAIMED never reports PENDING
+  stage_names_its_attempt  a stage that failed or replayed names the registry's attempt (the one its caller aborts)
   rejected_changes_nothing a REJECTED reclaim sent nothing to any engine
   abort_never_commits      a settle started to abort (its staging failed) never sends a commit
   unknown_needs_a_fault    UNKNOWN is reported only after a fault (a loss, an early deadline, a cancel, a
@@ -101,9 +106,11 @@ from versioned_lora.lifecycle.drivers import (
     SettleState,
     StageEngine,
     StageState,
+    Start,
     Submit,
     Timer,
     is_done,
+    publication,
     reclaim,
     settle,
     stage,
@@ -133,7 +140,7 @@ from versioned_lora.spec.events import (
     ReleaseRequest,
     Reserve,
 )
-from versioned_lora.spec.identities import SessionKey, VersionKey
+from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name
 from versioned_lora.spec.invariants import engine_violated, violated
 from versioned_lora.spec.states import AdapterState, PlacementState, VersionState
 
@@ -144,7 +151,8 @@ DIGESTS = {A: "a" * 64, B: "b" * 64}
 # unknown is retried under the same key until it is answered (RFC §3.4).
 UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED", "CHECKING"})  # CHECKING: the probe check is local work
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
-ANSWER_GUARD = {"begin": "answers_begin", "prepared": "answers_prepared", "bucket": "answers_bucket",
+ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
+                "bucket": "answers_bucket",
                 "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready", "commit": "answers_commit",
                 "abort": "answers_abort", "claim": "answers_claim",
                 "cleanup": "answers_engine_cleanup", "cleaned": "answers_cleaned", "unknown": "answers_unknown",
@@ -152,8 +160,9 @@ ANSWER_GUARD = {"begin": "answers_begin", "prepared": "answers_prepared", "bucke
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 O = DriverOutcome  # noqa: E741
-OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.UNKNOWN}, SettleState: {O.COMMITTED, O.FAILED_CLEAN, O.UNKNOWN},
-            ReclaimState: {O.RECLAIMED, O.PENDING, O.REJECTED, O.UNKNOWN}}  # what each driver may report
+OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.REPLAYED, O.REJECTED, O.UNKNOWN},  # what each driver may report
+            SettleState: {O.COMMITTED, O.FAILED_CLEAN, O.UNKNOWN},
+            ReclaimState: {O.RECLAIMED, O.PENDING, O.REJECTED, O.UNKNOWN}}
 CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine)  # commands that are one call each
 
 
@@ -181,6 +190,8 @@ class World:
     requests: tuple[tuple[int, str], ...] = ()  # generation requests holding a native ref: (engine index, lora)
     flags: tuple[str, ...] = ()  # problems seen while the driver reacted (checked with the state's)
     bad_probes: frozenset[str] = frozenset()  # engines whose `end` probe differs from the reference forward
+    bad_name: bool = False  # the publication's candidate carries another name than the registry reserves
+    started: bool = False  # Start was fed (it is fed once: a driver back in IDLE gets no second one)
 
 
 @attrs.frozen
@@ -236,11 +247,20 @@ def scenario(name: str, budget: Budget) -> World:
     s = _Setup()
     s.stage(A)
     s.commit(A)
-    if name in ("stage", "stage_probe_mismatch"):  # B reserved: stage it on both engines (a probe may differ)
+    if name == "stage":  # publish B: reserve, then stage it on both engines
+        return _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
+    if name == "stage_probe_mismatch":  # B's attempt issued already (a rehydrate's start): staged, E1's probe differs
         s.reg, reserved, effects = CORE.step(s.reg, Reserve(B, DIGESTS[B]))
         orders = tuple(e for e in effects if isinstance(e, StageOnEngine))
         w = _world(s, stage(B, reserved.attempt_token, BUCKETS, orders), budget)
-        return attrs.evolve(w, bad_probes=frozenset({"E1"}) if name == "stage_probe_mismatch" else frozenset())
+        return attrs.evolve(w, bad_probes=frozenset({"E1"}))
+    if name == "reserve_name_mismatch":  # the candidate carries another name than the registry reserves
+        w = _world(s, publication(B, DIGESTS[B], "not-" + lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
+        return attrs.evolve(w, bad_name=True)
+    if name == "reserve_replay":  # A again, same content: the registry answers its finished publication
+        return _world(s, publication(A, DIGESTS[A], lora_name(A, DIGESTS[A]), BUCKETS, "reserve:A-again"), budget)
+    if name == "reserve_conflict":  # A again with other content: refused (VERSION_CONFLICT), nothing taken
+        return _world(s, publication(A, DIGESTS[B], lora_name(A, DIGESTS[B]), BUCKETS, "reserve:A-other"), budget)
     if name == "commit":  # B READY everywhere: commit it (the lost-commit-reply story of RFC §3.4)
         s.stage(B)
         return _world(s, settle(B, s.tokens[B][1], s.reg.default_revision, commit=True), budget)
@@ -290,8 +310,8 @@ def scenario(name: str, budget: Budget) -> World:
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
-SCENARIOS = ("stage", "stage_probe_mismatch", "commit", "commit_not_ready", "abort", "abort_after_commit",
-             "abort_again", "reclaim", "reclaim_in_use",
+SCENARIOS = ("stage", "stage_probe_mismatch", "reserve_name_mismatch", "reserve_replay", "reserve_conflict", "commit",
+             "commit_not_ready", "abort", "abort_after_commit", "abort_again", "reclaim", "reclaim_in_use",
              "reclaim_done")
 
 # ---------------------------------------------------------------- successors
@@ -405,10 +425,8 @@ class DriverSystem:
         return attrs.evolve(w, engines=engines), outcome
 
     def successors(self, w: World) -> Iterator[tuple[str, World]]:
-        if w.driver.phase == "IDLE":
-            from versioned_lora.lifecycle.drivers import Start
-
-            yield "start", self._feed(w, Start())[0]
+        if not w.started:  # the executor's first input, once (spec/drivers.NOT_POSSIBLE)
+            yield "start", attrs.evolve(self._feed(w, Start())[0], started=True)
             return
         b = w.budget
         for index, message in enumerate(w.net):
@@ -521,16 +539,30 @@ class DriverSystem:
                 out.append(f"sub_state_is_true: {name} counted CONFIRMED, the registry has no confirm from it")
         out += list(w.flags)
         state = reg.versions[target].state if target in reg.versions else None
-        if not is_done(d) and any(r.outcome is not DriverOutcome.UNKNOWN for r in w.reports):
+        if d.phase == "COMMIT_UNRESOLVED" and not w.reports:
+            out.append("unresolved_is_reported: the commit's outcome is being resolved, and its caller was not told")
+        if isinstance(d, ReclaimState) and any(e.reclaimed for e in d.engines.values()) and any(
+                r.outcome is DriverOutcome.PENDING for r in w.reports):
+            out.append("reports_what_it_knows: a reclaim told RECLAIMED by the registry reported PENDING")
+        if isinstance(d, StageState) and d.version in reg.versions and any(
+                r.outcome in (DriverOutcome.STAGE_FAILED, DriverOutcome.REPLAYED) for r in w.reports) and (
+                d.attempt_token != reg.versions[d.version].attempt_token):
+            out.append(f"stage_names_its_attempt: reported with attempt {d.attempt_token!r}, the registry's is "
+                       f"{reg.versions[d.version].attempt_token!r} (the caller aborts or reports that one)")
+        resolves = isinstance(d, SettleState) and d.commit  # a commit reported unknown is resolved (and cleaned)
+        if not is_done(d) and w.reports and (not resolves or any(
+                r.outcome is not DriverOutcome.UNKNOWN for r in w.reports)):
             out.append(f"only_unknown_before_the_end: reported {w.reports[0].outcome} while still {d.phase}")
         for report in w.reports:
             if report.outcome not in OUTCOMES[type(d)]:
                 out.append(f"reports_fit_the_work: a {type(d).__name__} reported {report.outcome}")
-            if report.outcome is DriverOutcome.STAGE_FAILED and _fault_free(w, start) and not w.bad_probes:
+            if report.outcome is DriverOutcome.STAGE_FAILED and _fault_free(w, start) and not (
+                    w.bad_probes or w.bad_name):
                 out.append("stage_fails_only_by_a_fault: STAGE_FAILED reported although nothing was lost, fired "
                            "early, cancelled or restarted, and every probe matches")
             wanted = {DriverOutcome.COMMITTED: COMMITTED, DriverOutcome.FAILED_CLEAN: {VersionState.FAILED_CLEAN},
-                      DriverOutcome.RECLAIMED: {VersionState.RECLAIMED}}.get(report.outcome)
+                      DriverOutcome.RECLAIMED: {VersionState.RECLAIMED},
+                      DriverOutcome.REPLAYED: set(VersionState) - {VersionState.LOADING}}.get(report.outcome)
             if wanted is not None and state not in wanted:
                 out.append(f"report_is_true: reported {report.outcome} while the registry has {state}")
             if report.outcome is DriverOutcome.UNKNOWN and _fault_free(w, start):

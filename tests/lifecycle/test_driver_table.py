@@ -37,13 +37,22 @@ from versioned_lora.lifecycle.drivers import (
     Timer,
     confirmed_engines,
     is_done,
+    publication,
     reclaim,
     settle,
     stage,
 )
 from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
-from versioned_lora.lifecycle.results import Aborted, Committed, ReclaimClaimed, ReclaimConfirmed, Recorded, Rejected
+from versioned_lora.lifecycle.results import (
+    Aborted,
+    Committed,
+    ReclaimClaimed,
+    ReclaimConfirmed,
+    Recorded,
+    Rejected,
+    Reserved,
+)
 from versioned_lora.spec.drivers import (
     DRIVER_ROWS,
     INPUTS,
@@ -194,6 +203,24 @@ class Receipt:  # an engine's `end` answer as the stage driver reads it (runtime
 _STAGES = tuple(StageOnEngine(e, B, f"n-{e}", "t", 1, "d") for e in ENGINES)
 
 
+def test_a_publication_stages_exactly_the_engines_its_reserve_names_and_a_lost_reserve_retries_the_same_key() -> None:
+    answer = Answer(Call("reserve"), Reply(Reserved(B, "n-E0", "t", VersionState.LOADING), _STAGES[:1]))
+    state, fired, commands = _run(publication(B, "d", "n-E0", 2, "reserve:B:k"), Start(), Lost(Call("reserve")),
+                                  answer)
+    assert fired == ["reserve.start", "reserve.lost", "reserve.reserved"]
+    assert [c.key for c in commands if isinstance(c, Submit)] == ["reserve:B:k", "reserve:B:k"]
+    assert [(c.call.op, c.engine) for c in commands if isinstance(c, StageEngine)] == [("begin", "E0")]
+    assert state.attempt_token == "t" and set(state.engines) == {"E0"}
+
+
+def test_a_reserve_under_another_name_stages_nothing_and_fails_the_attempt() -> None:
+    answer = Answer(Call("reserve"), Reply(Reserved(B, "n-E0", "t", VersionState.LOADING), _STAGES))
+    state, fired, commands = _run(publication(B, "d", "other-name", 2, "k"), Start(), answer)
+    assert fired == ["reserve.start", "reserve.unstageable"] and state.attempt_token == "t"
+    assert not [c for c in commands if isinstance(c, StageEngine)]
+    assert commands[-1] == Report(DriverOutcome.STAGE_FAILED)
+
+
 def test_bucket_one_goes_to_no_engine_before_bucket_zero_landed_on_every_engine() -> None:
     state, fired, commands = _run(stage(B, "t", 2, _STAGES), Start(),
                                   *(Answer(Call("begin", e)) for e in ENGINES),
@@ -259,17 +286,19 @@ _REPLIES = [
     Reply(ReclaimConfirmed(B, "E0", VersionState.RECLAIMED)),
     Reply(Recorded(B, "E0", PlacementState.CLEANED), (CapacityFreed(B),)),
     Reply(Recorded(B, "E0", PlacementState.PREPARED)),
+    Reply(Reserved(B, "n-E0", "t", VersionState.LOADING), _STAGES),
+    Reply(Reserved(B, "n-E0", "t", VersionState.PUBLISHED)),
     Reply(Recorded(B, "E0", PlacementState.READY)),
     Receipt(1, "d"),
     None,
     True,
     False,
 ]
-_CALLS = [Call(op, e) for op in ("commit", "abort", "claim") for e in ("",)] + [
+_CALLS = [Call(op, e) for op in ("reserve", "commit", "abort", "claim") for e in ("",)] + [
     Call(op, e) for op in ("cleanup", "cleaned", "unknown", "reclaim", "confirm", "begin", "prepared", "bucket", "end",
                            "probe", "ready") for e in ENGINES
 ]
-_TIMERS = [Timer("commit"), Timer("abort"), Timer("claim")]
+_TIMERS = [Timer("reserve"), Timer("commit"), Timer("abort"), Timer("claim")]
 _TIMERS += [Timer(n, e) for n in ("engine", "report", "backoff") for e in ENGINES]
 _TIMERS += [Timer(n, e, i) for n in ("begin", "prepared", "bucket", "end", "ready") for e in ENGINES
             for i in (-1, 0, 1)]
@@ -283,7 +312,7 @@ inputs = st.one_of(
     st.builds(Deadline, st.sampled_from(_TIMERS)),
 )
 starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, commit=False), reclaim(B),
-                          stage(B, "t", 2, _STAGES)])
+                          stage(B, "t", 2, _STAGES), publication(B, "d", "n-E0", 2, "reserve:B")])
 
 
 @settings(max_examples=400, deadline=None)

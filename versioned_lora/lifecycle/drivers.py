@@ -9,7 +9,7 @@ the commands and feeds their outcomes back as inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, TypeAlias
 
 import attrs
@@ -17,7 +17,7 @@ from immutables import Map
 
 from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
-from versioned_lora.lifecycle.results import Aborted, ReclaimClaimed, ReclaimConfirmed, Rejected
+from versioned_lora.lifecycle.results import Aborted, ReclaimClaimed, ReclaimConfirmed, Rejected, Reserved
 from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, DriverOutcome, DriverRow, Input
 from versioned_lora.spec.events import (
     NO_FENCE,
@@ -30,6 +30,7 @@ from versioned_lora.spec.events import (
     RecordReady,
     RecordUnknown,
     RegistryEvent,
+    Reserve,
 )
 from versioned_lora.spec.identities import VersionKey
 from versioned_lora.spec.reasons import Reason
@@ -206,15 +207,21 @@ class StageEngineState:
 
 @attrs.frozen
 class StageState:
-    """One attempt's staging on the engines the reserve named (or one restarted engine, for a rehydrate)."""
+    """One attempt: its reserve (a publication), then its staging on the engines the reserve's answer names, or
+    on one restarted engine (a rehydrate, whose attempt the registry issued already)."""
 
     phase: str
     version: VersionKey
-    attempt_token: str
+    attempt_token: str  # "" until the reserve's answer names it
     bucket_count: int
     engines: Map[str, StageEngineState] = attrs.field(factory=Map)
     bucket: int = -1  # the bucket sent last to every engine (-1: none yet)
     reason: str | None = None
+    # A publication's reserve: the content, the name the candidate carries, the caller's key and lease fence.
+    digest: str = ""
+    lora_name: str = ""
+    reserve_key: str = ""
+    fence: int = NO_FENCE
 
 
 @attrs.frozen
@@ -261,10 +268,23 @@ SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState
 
 
 def stage(version: VersionKey, attempt_token: str, bucket_count: int, orders: tuple[StageOnEngine, ...]) -> StageState:
+    """Staging of an attempt the registry issued already (a rehydrate): `begin` first."""
     if bucket_count < 1 or not orders:
         raise ValueError(f"staging needs at least one bucket and one engine ({bucket_count}, {len(orders)})")
-    engines = {o.engine: StageEngineState("WAITING", o) for o in orders}  # each waits for its first call
-    return StageState("IDLE", version, attempt_token, bucket_count, Map(engines))
+    return StageState("IDLE", version, attempt_token, bucket_count, _waiting(orders))
+
+
+def publication(version: VersionKey, digest: str, lora_name: str, bucket_count: int, reserve_key: str,
+                fence: int = NO_FENCE) -> StageState:
+    """A publication's attempt: reserve under `reserve_key`, then stage on the engines the answer names."""
+    if bucket_count < 1:
+        raise ValueError(f"staging needs at least one bucket ({bucket_count})")
+    return StageState("IDLE", version, "", bucket_count, digest=digest, lora_name=lora_name, reserve_key=reserve_key,
+                      fence=fence)
+
+
+def _waiting(orders: Iterable[StageOnEngine]) -> Map[str, StageEngineState]:
+    return Map({o.engine: StageEngineState("WAITING", o) for o in orders})  # each waits for its first call
 
 
 def settle(version: VersionKey, attempt_token: str, expected_revision: int, *, commit: bool,
@@ -336,6 +356,12 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "stages_settled": lambda s, sub, i: _settled(s),
     "some_stage_failed": lambda s, sub, i: any(e.phase == "FAILED" for e in s.engines.values()),
     "more_buckets": lambda s, sub, i: s.bucket + 1 < s.bucket_count,
+    "needs_reserve": lambda s, sub, i: not s.engines,
+    "answers_reserve": lambda s, sub, i: _call_op(i) == "reserve",
+    "reserved_loading": lambda s, sub, i: isinstance(_result(i), Reserved)
+    and _result(i).state is VersionState.LOADING,
+    "names_match": lambda s, sub, i: _result(i).lora_name == s.lora_name and bool(_stages(i)) and all(
+        o.lora_name == s.lora_name for o in _stages(i)),
     "stage_timer": lambda s, sub, i: isinstance(i, Deadline) and i.timer == _stage_timer(sub, s),
     "wants_commit": lambda s, sub, i: bool(s.commit),
     "answers_commit": lambda s, sub, i: _call_op(i) == "commit",
@@ -385,6 +411,10 @@ def _start_calls(s: StageState, op: str, deadline: str, phase: str, index: int =
         engines[name] = attrs.evolve(e, phase=phase)
         commands += [StageEngine(Call(op, name), name, index), Arm(Timer(op, name, index), deadline)]
     return attrs.evolve(s, engines=Map(engines)), tuple(commands)
+
+
+def _stages(i: DriverInput) -> list[StageOnEngine]:
+    return [e for e, _ in _effects(i, StageOnEngine)]
 
 
 def _send_next_bucket(s: StageState, sub: None, i: DriverInput) -> Built:
@@ -481,6 +511,13 @@ def _sub_timer(sub: Any) -> Timer:
 
 BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "start_begins": lambda s, sub, i: _start_calls(s, "begin", "begin", "BEGINNING"),
+    "submit_reserve": lambda s, sub, i: (s, (Submit(Call("reserve"), Reserve(s.version, s.digest, s.fence),
+                                                    s.reserve_key),)),
+    "arm_reserve": lambda s, sub, i: (s, (Arm(Timer("reserve"), "reserve"),)),
+    "disarm_reserve": lambda s, sub, i: (s, (Disarm(Timer("reserve")),)),
+    "open_stages": lambda s, sub, i: (attrs.evolve(s, attempt_token=_result(i).attempt_token,
+                                                   engines=_waiting(_stages(i))), ()),
+    "note_attempt": lambda s, sub, i: (attrs.evolve(s, attempt_token=_result(i).attempt_token), ()),
     "send_next_bucket": _send_next_bucket,
     "start_ends": lambda s, sub, i: _start_calls(s, "end", "end", "ENDING"),
     "submit_commit": _submit_commit,

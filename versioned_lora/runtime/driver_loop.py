@@ -217,7 +217,7 @@ class DriverLoop:
             self._retries[retry] = lost + 1
             return Lost(call)
         except EngineRefused as refused:
-            self.failures[call] = str(refused)
+            self.failures[call] = refused.message
             return Refusal(call, refused.reason)
         except (EngineUnreachable, TimeoutError) as exc:
             self.failures[call] = f"{type(exc).__name__}: {exc}"

@@ -197,6 +197,7 @@ class EngineRefused(Exception):
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
         self.reason = reason
+        self.message = message
 
 
 class StagingEnginePort(Protocol[CandidateT_contra]):

@@ -1,8 +1,10 @@
 """Publisher: snapshot → reserve → begin on all engines → buckets → end (probe checked) → record ready
 → commit (RFC §3). The Reclaimer is `runtime.reclaimer`; the ports both drive are in `runtime.interfaces`.
 
-The registry decides; this module only carries out the effects the registry answers and reports
-outcomes back, each report under an idempotency key derived from the attempt, so a retry after a
+The registry decides, and the driver machines of `spec/drivers.py` decide what follows each answer: the stage
+driver (reserve, begin, buckets, end, probe, READY) and the settle driver (commit, or abort and cleanup) run
+in `runtime.driver_loop`, and this module only starts them and turns their reports into a `PublishOutcome`.
+Every report to the registry goes under an idempotency key derived from the attempt, so a retry after a
 lost reply (or a registry restart) is answered from the journal. Every phase has a deadline and the
 run a maximum no-progress interval. What follows a miss depends on whether the missed call may have
 landed (DESIGN.md §1, RFC §3.4):
@@ -41,7 +43,7 @@ import logging
 import time
 import uuid
 from collections import deque
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -55,13 +57,12 @@ from versioned_lora.lifecycle import (
     Rejected,
     ReleaseLease,
     RenewLease,
-    Reserve,
     TakeOverLease,
     VersionKey,
     drivers,
 )
 from versioned_lora.lifecycle.effects import StageOnEngine
-from versioned_lora.lifecycle.results import Committed
+from versioned_lora.lifecycle.results import Committed, Reserved
 from versioned_lora.runtime.deadlines import Deadlines, PhaseDeadlineMissed, submit_until_known
 from versioned_lora.runtime.driver_loop import DriverLoop
 from versioned_lora.runtime.interfaces import (
@@ -247,44 +248,46 @@ class Publisher:
         key = self._reserve_keys.pop(unresolved, None) or (
             f"reserve:{version.epoch}:{version.version_id}:{candidate.digest}:{uuid.uuid4().hex}"
         )
-        try:
-            answer = await self._timed(phases, "reserve", submit_until_known(
-                self.registry, Reserve(version, candidate.digest, fence), key, self.deadlines.reserve
-            ))
-        except (PhaseDeadlineMissed, RegistryUnavailable) as exc:
-            # The reserve may have taken a slot: publishing the same version again retries it under this key.
-            self._reserve_keys[unresolved] = key
-            return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.RESERVE_OUTCOME_UNKNOWN,
-                                  lora_name=candidate.lora_name, phases=phases, detail=str(exc))
-        if isinstance(answer.result, Rejected):
-            if answer.result.reason is Reason.NOT_LEASE_HOLDER:
-                self.fence = None  # expired or taken over since it was granted: the next publish acquires again
-            return PublishOutcome(PublishStatus.REJECTED, version, reason=str(answer.result.reason), phases=phases)
-        token = answer.result.attempt_token
-        if answer.result.state is not VersionState.LOADING:  # an idempotent replay of a finished publication
-            return PublishOutcome(PublishStatus.REPLAYED, version, lora_name=candidate.lora_name,
-                                  attempt_token=token, phases=phases, version_state=answer.result.state)
-        stages = [e for e in answer.effects if isinstance(e, StageOnEngine)]
         # Written while the engines stage (a file write of the whole adapter), finished before the commit is sent:
         # a version the registry may serve is always in the store. Content-addressed, so a retry rewrites nothing.
-        stored = None if self.snapshots is None else asyncio.ensure_future(
-            asyncio.to_thread(self.snapshots.put_candidate, candidate))
+        stored: list[asyncio.Future[None]] = []
+
+        def reserved(state: drivers.StageState) -> None:
+            if self.snapshots is not None and not stored:
+                stored.append(asyncio.ensure_future(asyncio.to_thread(self.snapshots.put_candidate, candidate)))
+
+        start = drivers.publication(version, candidate.digest, candidate.lora_name, candidate.bucket_count, key, fence)
+        loop, report = await self._run_stage(start, candidate, phases, on_staging=reserved)
+        state = loop.state
+        assert isinstance(state, drivers.StageState)
+        token = state.attempt_token
+        result = loop.answers[0] if loop.answers else None  # the reserve's answer, when one came
+        if report.outcome is DriverOutcome.UNKNOWN:  # row reserve.deadline
+            # The reserve may have taken a slot: publishing the same version again retries it under this key.
+            self._reserve_keys[unresolved] = key
+            phases.pop("reserve", None)  # not completed
+            limit, bound = self._armed.get("reserve", (self.deadlines.reserve, "deadline"))
+            return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.RESERVE_OUTCOME_UNKNOWN,
+                                  lora_name=candidate.lora_name, phases=phases,
+                                  detail=str(PhaseDeadlineMissed("reserve", limit, bound)))
+        if report.outcome is DriverOutcome.REJECTED:  # row reserve.refused
+            assert isinstance(result, Rejected)
+            if result.reason is Reason.NOT_LEASE_HOLDER:
+                self.fence = None  # expired or taken over since it was granted: the next publish acquires again
+            return PublishOutcome(PublishStatus.REJECTED, version, reason=str(result.reason), phases=phases)
+        if report.outcome is DriverOutcome.REPLAYED:  # row reserve.replayed: a finished publication
+            assert isinstance(result, Reserved)
+            return PublishOutcome(PublishStatus.REPLAYED, version, lora_name=candidate.lora_name,
+                                  attempt_token=token, phases=phases, version_state=result.state)
         try:
-            if answer.result.lora_name != candidate.lora_name or any(s.lora_name != candidate.lora_name
-                                                                    for s in stages):
-                raise NameMismatch(f"registry reserved {answer.result.lora_name!r}, candidate is "
-                                   f"{candidate.lora_name!r}")
-            self._staging.add(token)
-            try:
-                await self._stage(version, candidate, token, stages, phases)
-            finally:
-                self._staging.discard(token)
-            if stored is not None:
-                await self._timed(phases, "store", stored)
+            if report.outcome is not DriverOutcome.STAGED:
+                raise self._stage_failure(state, loop, result, candidate)
+            if stored:
+                await self._timed(phases, "store", stored[0])
         except Exception as exc:  # not committed: abort, and clean what the abort's answer names
             logger.warning("publication of %s failed before commit: %s; aborting", version, exc)
-            if stored is not None:
-                await asyncio.gather(stored, return_exceptions=True)  # its thread cannot be stopped; let it end
+            if stored:
+                await asyncio.gather(stored[0], return_exceptions=True)  # its thread cannot be stopped; let it end
             status = await self.abort_and_clean(version, token, phases)
             return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=candidate.lora_name,
                                   attempt_token=token, phases=phases, detail=str(exc))
@@ -360,7 +363,12 @@ class Publisher:
             candidate = await self._stored_candidate(held.digest, held.lora_name)
         stage = StageOnEngine(engine, version, candidate.lora_name, placement.attempt_token,
                               placement.incarnation, candidate.digest)
-        await self._stage(version, candidate, placement.attempt_token, [stage], {})
+        loop, report = await self._run_stage(drivers.stage(version, placement.attempt_token, candidate.bucket_count,
+                                                           (stage,)), candidate, {})
+        if report.outcome is not DriverOutcome.STAGED:
+            state = loop.state
+            assert isinstance(state, drivers.StageState)
+            raise self._stage_failure(state, loop)
 
     async def _stored_candidate(self, digest: str, lora_name: str) -> CandidatePort:
         if self.snapshots is None:
@@ -369,47 +377,61 @@ class Publisher:
         return candidate
 
     # ---- phases
-    async def _stage(
-        self, version: VersionKey, candidate: CandidatePort, token: str, stages: Sequence[StageOnEngine],
-        phases: dict[str, float],
-    ) -> None:
-        """Stage the attempt through the stage driver (spec/drivers.py, rows `stage.*` and the per-engine rows):
-        `begin` and PREPARED on every engine, each bucket on every engine before the next goes to any (RFC §3.2),
-        then `end`, the probe check and READY per engine. Each engine's READY is recorded as soon as it is known
-        (sessions keep binding the old default meanwhile: commit needs READY from every target). Raises what
-        failed the staging (the caller aborts); the phases that completed are timed into `phases`."""
+    async def _run_stage(
+        self, start: drivers.StageState, candidate: CandidatePort, phases: dict[str, float],
+        on_staging: Callable[[drivers.StageState], None] | None = None,
+    ) -> tuple[DriverLoop, drivers.Report]:
+        """Run the stage driver (spec/drivers.py, rows `reserve.*`, `stage.*` and the per-engine rows): a
+        publication's reserve, then `begin` and PREPARED on every engine, each bucket on every engine before the
+        next goes to any (RFC §3.2), then `end`, the probe check and READY per engine. Each engine's READY is
+        recorded as soon as it is known (sessions keep binding the old default meanwhile: commit needs READY from
+        every target). The phases that completed are timed into `phases`; `on_staging` is told once the attempt
+        is known and staging starts."""
         marks = {"at": time.monotonic()}
 
         def on_step(before: drivers.StageState, after: drivers.StageState) -> None:
             now = time.monotonic()
             if after != before:
                 self._last_progress = now
+            if after.phase == "BEGINNING" and before.phase != "BEGINNING":
+                self._staging.add(after.attempt_token)
+                if on_staging is not None:
+                    on_staging(after)
             moved = after.phase != before.phase or after.bucket != before.bucket
             failed = any(e.phase == "FAILED" for e in after.engines.values())
-            if moved and not failed and after.phase in ("TRANSFERRING", "ENDING", "DONE"):
+            if moved and not failed and before.phase != "IDLE" and after.phase in STAGE_PROGRESS:
                 label = _phase_label(before)
                 phases[label] = now - marks["at"]
                 self._on_phase("", label, phases[label])
+            if moved:
                 marks["at"] = now
 
         def probe(receipt: ReadyReceipt) -> bool:
             return self.probe_check(candidate, receipt.probe_token, receipt.probe_logprob)
 
-        loop = DriverLoop(drivers.stage(version, token, candidate.bucket_count, tuple(stages)), self.registry,
-                          self.engines, self.seconds, candidate=candidate, probe_check=probe, on_step=on_step)
+        loop = DriverLoop(start, self.registry, self.engines, self.seconds, candidate=candidate, probe_check=probe,
+                          on_step=on_step)
         try:
             report = await loop.finished()
         except asyncio.CancelledError:
-            loop.cancel()  # row stage.cancel: calls in flight end; the attempt stays LOADING until `recover`
+            loop.cancel()  # rows reserve.cancel / stage.cancel: calls in flight end; `recover` settles the attempt
             raise
-        if report.outcome is not DriverOutcome.STAGED:
+        finally:
             state = loop.state
             assert isinstance(state, drivers.StageState)
-            raise self._stage_failure(state, loop)
+            self._staging.discard(state.attempt_token)
+        return loop, report
 
-    def _stage_failure(self, state: drivers.StageState, loop: DriverLoop) -> Exception:
-        """The exception that tells the caller why staging failed: the first failed engine's (by name)."""
-        name, failed = next((n, e) for n, e in sorted(state.engines.items()) if e.phase == "FAILED")
+    def _stage_failure(self, state: drivers.StageState, loop: DriverLoop, reserved: Any = None,
+                       candidate: CandidatePort | None = None) -> Exception:
+        """The exception that tells the caller why staging failed: the first failed engine's (by name), or the
+        reserve's answer that could not be staged (row reserve.unstageable)."""
+        failed_engines = [(n, e) for n, e in sorted(state.engines.items()) if e.phase == "FAILED"]
+        if not failed_engines:
+            name = getattr(reserved, "lora_name", None)
+            return NameMismatch(f"registry reserved {name!r} on {len(state.engines)} engines, candidate is "
+                                f"{getattr(candidate, 'lora_name', None)!r}")
+        name, failed = failed_engines[0]
         failure = failed.failure
         assert failure is not None
         said = loop.failures.get(drivers.Call(failure.op, name), "")
@@ -488,7 +510,7 @@ class Publisher:
         """A driver timer's seconds: the named deadline; staging's and the commit's are capped by the run's
         no-progress bound (the bound covers staging and the commit, not the abort and cleanup that follow a
         missed phase). The last bound armed per deadline is kept, to say which one fired."""
-        if deadline in ("begin", "bucket", "end", "commit"):
+        if deadline in ("reserve", "begin", "bucket", "end", "commit"):
             self._armed[deadline] = self._phase_limit(deadline)
             return self._armed[deadline][0]
         self._armed[deadline] = (float(getattr(self.deadlines, deadline)), "deadline")
@@ -580,6 +602,9 @@ STAGE_PHASE = {"begin": "BEGINNING", "prepared": "BEGINNING", "bucket": "TRANSFE
                "probe": "ENDING", "ready": "ENDING"}
 
 
+STAGE_PROGRESS = ("BEGINNING", "TRANSFERRING", "ENDING", "DONE")  # a phase completed when one of these is entered
+
+
 def _phase_label(state: drivers.StageState) -> str:
-    """The name a staging phase is timed under in `PublishOutcome.phases`: begin, bucket_<i>, end."""
-    return {"BEGINNING": "begin", "ENDING": "end"}.get(state.phase, f"bucket_{state.bucket}")
+    """The name a staging phase is timed under in `PublishOutcome.phases`: reserve, begin, bucket_<i>, end."""
+    return {"RESERVING": "reserve", "BEGINNING": "begin", "ENDING": "end"}.get(state.phase, f"bucket_{state.bucket}")

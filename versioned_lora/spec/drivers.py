@@ -58,7 +58,7 @@ from versioned_lora.spec.states import SAME, WILDCARD
 
 
 class Driver(StrEnum):
-    STAGE = "stage"  # one attempt's staging: begin, then bucket after bucket, then end, on every target engine
+    STAGE = "stage"  # one attempt: reserve, then begin, bucket after bucket, end, on every target engine
     STAGE_ENGINE = "stage_engine"  # one engine's begin (and PREPARED), each bucket, end, probe and READY
     SETTLE = "settle"  # a staged publication's end game: commit and its resolution, or abort and cleanup
     CLEANUP_ENGINE = "cleanup_engine"  # one engine's cleanup of an aborted attempt, and its report
@@ -80,6 +80,7 @@ class DriverOutcome(StrEnum):
     """What a driver reports to its caller (the runtime maps these onto its public outcome enums)."""
 
     STAGED = "STAGED"  # READY recorded from every target engine: the attempt may be committed
+    REPLAYED = "REPLAYED"  # the reserve was an idempotent replay of a publication that already ended
     STAGE_FAILED = "STAGE_FAILED"  # some engine's staging failed: certainly not committed, abort it
     COMMITTED = "COMMITTED"
     FAILED_CLEAN = "FAILED_CLEAN"  # aborted, and every engine's cleanup recorded: the slot is free
@@ -90,7 +91,7 @@ class DriverOutcome(StrEnum):
 
 
 PHASES: dict[Driver, tuple[str, ...]] = {
-    Driver.STAGE: ("IDLE", "BEGINNING", "TRANSFERRING", "ENDING", "DONE"),
+    Driver.STAGE: ("IDLE", "RESERVING", "BEGINNING", "TRANSFERRING", "ENDING", "DONE"),
     # WAITING: for the coordinator's next call (the first one, or the next after PREPARED recorded or the current
     # bucket landed: RFC §3.2's barrier).
     Driver.STAGE_ENGINE: ("WAITING", "BEGINNING", "PREPARING", "SENDING", "ENDING", "CHECKING", "RECORDING",
@@ -165,8 +166,30 @@ O = DriverOutcome  # noqa: E741
 # fmt: off
 DRIVER_ROWS: tuple[DriverRow, ...] = (
     # ================================================================ stage
+    row("reserve.start", SG, "IDLE", I.START, "RESERVING", guards=("needs_reserve",),
+        commands=("submit_reserve", "arm_reserve"),
+        doc="A publication: reserve a slot under the caller's key (the same key again for the same content after "
+            "an unknown outcome, so the registry answers it from the journal)."),
     row("stage.start", SG, "IDLE", I.START, "BEGINNING", commands=("start_begins",),
-        doc="`begin` on every target engine the reserve named, at once."),
+        doc="A rehydrate (the attempt is the registry's already, on one restarted engine): `begin` at once."),
+    row("reserve.reserved", SG, "RESERVING", I.ANSWER, "BEGINNING",
+        guards=("answers_reserve", "reserved_loading", "names_match"),
+        commands=("disarm_reserve", "open_stages", "start_begins"),
+        doc="`begin` on every engine the answer names (its StageOnEngine effects), at once."),
+    row("reserve.unstageable", SG, "RESERVING", I.ANSWER, "DONE", guards=("answers_reserve", "reserved_loading"),
+        commands=("note_attempt",), report=O.STAGE_FAILED,
+        doc="Reserved under another name than the candidate's (or on no engine): nothing is staged; the attempt "
+            "is live, so the caller aborts it."),
+    row("reserve.replayed", SG, "RESERVING", I.ANSWER, "DONE", guards=("answers_reserve",), commands=("note_attempt",),
+        report=O.REPLAYED, doc="reserve.replay of a publication that already ended: nothing to stage."),
+    row("reserve.refused", SG, "RESERVING", I.REFUSAL, "DONE", guards=("answers_reserve",), report=O.REJECTED,
+        doc="E.g. CAPACITY_ERROR, NOT_LEASE_HOLDER: nothing was taken."),
+    row("reserve.lost", SG, "RESERVING", I.LOST, SAME, guards=("answers_reserve",), commands=("submit_reserve",),
+        doc="The reserve may have landed: the same key again."),
+    row("reserve.deadline", SG, "RESERVING", I.DEADLINE, "DONE", report=O.UNKNOWN,
+        doc="The reserve may have taken a slot: unknown. The caller keeps the key and sends the same reserve for "
+            "the same content next time, which the journal answers."),
+    row("reserve.cancel", SG, "RESERVING", I.CANCEL, "DONE", report=O.UNKNOWN),
     row("stage.failed", SG, "BEGINNING TRANSFERRING ENDING", I.SETTLED, "DONE",
         guards=("stages_settled", "some_stage_failed"), report=O.STAGE_FAILED,
         doc="Every engine has settled and one failed: certainly not committed (the caller aborts). Nothing is "
@@ -182,6 +205,8 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("ending.all_ready", SG, "ENDING", I.SETTLED, "DONE", guards=("stages_settled",), report=O.STAGED,
         doc="READY recorded from every engine: the attempt may be committed."),
     late("stage.waiting", SG, "BEGINNING TRANSFERRING ENDING", I.SETTLED, doc="Other engines are still busy."),
+    late("stage.late_reserve_timer", SG, "BEGINNING TRANSFERRING ENDING", I.DEADLINE,
+         doc="The reserve's timer fired while its answer was already in the inbox."),
     row("stage.cancel", SG, "BEGINNING TRANSFERRING ENDING", I.CANCEL, "DONE", report=O.UNKNOWN,
         doc="The caller gave up: calls in flight are cancelled (their late answers land nowhere); the attempt "
             "stays LOADING in the registry, and `recover` settles it."),
@@ -356,6 +381,8 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("reclaiming.unconfirmed", RC, "RECLAIMING", I.SETTLED, "DONE", guards=("reclaims_settled",),
         report=O.PENDING, doc="Some engine did not confirm: the slot stays taken; reclaim again."),
     late("reclaiming.waiting", RC, "RECLAIMING", I.SETTLED),
+    row("reclaiming.cancel_reclaimed", RC, "RECLAIMING", I.CANCEL, "DONE", guards=("registry_says_reclaimed",),
+        report=O.RECLAIMED, doc="A confirm's answer said RECLAIMED already: every engine confirmed in the registry."),
     row("reclaiming.cancel", RC, "RECLAIMING", I.CANCEL, "DONE", report=O.PENDING),
     late("reclaim.late_reply", RC, "RECLAIMING DONE", I.ANSWER),
     late("reclaim.late_refusal", RC, "RECLAIMING DONE", I.REFUSAL),
@@ -397,8 +424,8 @@ def driver_rows_for(machine: Driver, rows: tuple[DriverRow, ...] = DRIVER_ROWS) 
 # The pairs no row covers, and why none can happen with an executor that follows driver_loop.py: reaching
 # one is the ProtocolError (the model checker counts it as a violation).
 NOT_POSSIBLE = {
-    "stage replies": "the stage coordinator makes no call of its own: while it runs, every reply and timer is an "
-    "engine's and reaches that engine's sub-machine; only a finished coordinator receives them (its late rows)",
+    "stage replies": "the stage coordinator's one call is the reserve, answered once: past RESERVING, every reply "
+    "is an engine's and reaches that engine's sub-machine; only a finished coordinator receives them (late rows)",
     "IDLE": "the executor's first input is Start; nothing else is in flight before it",
     "Start": "Start is sent once, before any other input",
     "Settled": "only a sub-machine that just finished produces it, and only while its coordinator waits for it",
