@@ -15,16 +15,11 @@ both); from each engine's status view (`end_parts`, what that engine's `end` spe
 part of it runs before `end` arrives), `verify_wait_s` (what `end` itself waited for the verdict),
 `load_s` and `probe_s`. Medians per mode with 95% bootstrap intervals (over publications x engines for
 the engine parts, over publications for the Publisher's), and each mode's median ratio pipelined / baseline.
-With `--traffic N` the publications run online: N closed-loop agentic streams (each generation its own
-session through the SessionBinder: open, bind the default, generate `TRAFFIC_TOKENS` tokens, finish) run on the
-engines for the whole block, from a warm-up publication (not measured) on; a reclaim that a session still
-bound to the old version refuses (claim.in_use) is asked again. The streams' completed and failed generations
-per mode are reported beside the phases.
 Not a test: nothing is asserted. Last line:
     verify_tail_s_pipelined=… verify_tail_s_baseline=… tail_ratio=… verify_wait_s_pipelined=…
-    verify_wait_s_baseline=… end_s_pipelined=… end_s_baseline=… traffic=… commit=…
+    verify_wait_s_baseline=… end_s_pipelined=… end_s_baseline=… commit=…
 
-    python benchmarks/end_phase.py [--reps 6] [--blocks 2] [--traffic 0] [--out benchmarks/results/FILE.json]
+    python benchmarks/end_phase.py [--reps 6] [--blocks 2] [--out benchmarks/results/FILE.json]
 """
 
 from __future__ import annotations
@@ -53,37 +48,6 @@ from versioned_lora.spec.wire import TOKEN_ENV, VERIFY_MODE_ENV
 
 BASELINE, PIPELINED = "after-last-bucket", "pipelined"
 ENGINE_PARTS = ("verify_tail_s", "verify_wait_s", "load_s", "probe_s")
-TRAFFIC_TOKENS = 32  # per generation of a traffic stream: short agentic turns, each its own session
-
-
-async def traffic(stack: Stack, streams: int, prompt: list[int], stop: asyncio.Event, counts: dict[str, int]) -> None:
-    """Closed-loop streams until `stop`: each generation binds the default of its moment, like an agentic turn."""
-    binder = stack.new_binder(stack.backend, shard=1)
-
-    async def stream(index: int) -> None:
-        turn = 0
-        while not stop.is_set():
-            key = binder.open(f"traffic-{index}-{turn}")
-            try:
-                await binder.generate(key, prompt, TRAFFIC_TOKENS)
-                counts["ok"] += 1
-            except Exception:  # counted, not raised: the figure reports failed generations
-                counts["failed"] += 1
-            finally:
-                await binder.finish(key)
-            turn += 1
-
-    await asyncio.gather(*(stream(i) for i in range(streams)))
-
-
-async def reclaim_when_free(stack: Stack, version: Any, tag: str) -> None:
-    """Reclaim `version`; while a traffic session is still bound to it the claim is refused: ask again."""
-    for _ in range(300):
-        reclaimed = await stack.reclaimer.reclaim(version)
-        if str(reclaimed.status) == "RECLAIMED":
-            return
-        await asyncio.sleep(0.1)
-    raise RuntimeError(f"{tag}: reclaim of {version}: {reclaimed}")
 
 
 def start_pair(fixtures: Any, mode: str, token: str, workdir: Path, tag: str) -> list[EngineProcess]:
@@ -97,32 +61,10 @@ def start_pair(fixtures: Any, mode: str, token: str, workdir: Path, tag: str) ->
     return start_all(configs)
 
 
-async def block(stack: Stack, snapshots: list[Any], reps: int, tag: str, streams: int,
-                prompt: list[int]) -> tuple[list[dict[str, Any]], dict[str, int]]:
+async def block(stack: Stack, snapshots: list[Any], reps: int, tag: str) -> list[dict[str, Any]]:
     await stack.publisher.sync_incarnations()
     runs: list[dict[str, Any]] = []
     previous = None
-    counts = {"ok": 0, "failed": 0}
-    stop = asyncio.Event()
-    load = None
-    if streams:  # a default to bind first, then the streams run under every measured publication
-        warm, candidate = stack.candidate(f"{tag}-warm", snapshot=snapshots[-1])
-        if not (await stack.publisher.publish(warm, candidate)).committed:
-            raise RuntimeError(f"{tag}: the warm-up publication was not committed")
-        previous = warm
-        load = asyncio.ensure_future(traffic(stack, streams, prompt, stop, counts))
-    try:
-        runs = await measured(stack, snapshots, reps, tag, previous)
-    finally:
-        stop.set()
-        if load is not None:
-            await load
-    await stack.unload_leftovers()
-    return runs, counts
-
-
-async def measured(stack: Stack, snapshots: list[Any], reps: int, tag: str, previous: Any) -> list[dict[str, Any]]:
-    runs: list[dict[str, Any]] = []
     for i in range(reps):
         version, candidate = stack.candidate(f"{tag}-{i}", snapshot=snapshots[i % len(snapshots)])
         started = time.monotonic()
@@ -137,8 +79,11 @@ async def measured(stack: Stack, snapshots: list[Any], reps: int, tag: str, prev
         runs.append({"publish_s": round(publish_s, 4), "end_s": round(outcome.phases["end"], 4),
                      "buckets": candidate.bucket_count, "engines": parts})
         if previous is not None:
-            await reclaim_when_free(stack, previous, tag)
+            reclaimed = await stack.reclaimer.reclaim(previous)
+            if str(reclaimed.status) != "RECLAIMED":
+                raise RuntimeError(f"{tag}: reclaim of {previous}: {reclaimed}")
         previous = version
+    await stack.unload_leftovers()
     return runs
 
 
@@ -161,8 +106,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "benchmark": "end_phase", "commit": commit(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fixture": QWEN3_0_6B_SHAPE, "bucket_bytes": SCALE_BUCKET, "reps": args.reps, "blocks": args.blocks,
         "host": {"cpus": os.cpu_count(), "load_avg_before": [round(x, 2) for x in os.getloadavg()]},
-        "runs": {BASELINE: [], PIPELINED: []}, "traffic_streams": args.traffic,
-        "traffic": {BASELINE: {"ok": 0, "failed": 0}, PIPELINED: {"ok": 0, "failed": 0}},
+        "runs": {BASELINE: [], PIPELINED: []},
     }
     started_ray = ensure_ray()
     began = time.monotonic()
@@ -175,16 +119,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     stack = stack_over(engines, token, workdir, fixtures, fixtures.probe_prompt, reference,
                                        SCALE_BUCKET)
                     try:
-                        runs, counts = await block(stack, snapshots, args.reps, tag, args.traffic,
-                                                   list(fixtures.probe_prompt))
+                        runs = await block(stack, snapshots, args.reps, tag)
                     finally:
                         await stack.close()
                 finally:
                     for engine in engines:
                         engine.stop()
                 report["runs"][mode] += runs
-                for k, v in counts.items():
-                    report["traffic"][mode][k] += v
                 tails = [p["verify_tail_s"] for r in runs for p in r["engines"].values()]
                 print(f"# block {b} {mode}: end_s {[r['end_s'] for r in runs]} verify_tail_s {tails}", flush=True)
     finally:
@@ -202,7 +143,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=6, help="publications per block")
     parser.add_argument("--blocks", type=int, default=2, help="blocks per mode (alternating)")
-    parser.add_argument("--traffic", type=int, default=0, help="closed-loop agentic streams during each block")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     report = asyncio.run(run(args))
@@ -217,8 +157,6 @@ def main() -> None:
         "verify_wait_s_pipelined": round(pipe["verify_wait_s"][0], 4),
         "verify_wait_s_baseline": round(base["verify_wait_s"][0], 4),
         "end_s_pipelined": round(pipe["end_s"][0], 4), "end_s_baseline": round(base["end_s"][0], 4),
-        "traffic": f"{args.traffic}streams:" + ",".join(f"{m}={c['ok']}ok/{c['failed']}failed"
-                                                       for m, c in report["traffic"].items()),
         "commit": report["commit"],
     }
     if args.out:
