@@ -2,7 +2,8 @@
 with the real registry and engine-side tables and a faulty network (stateright's actor model: the same
 code is checked here and run on a real network by `runtime/driver_loop.py`).
 
-A world is (registry, journal, engines, driver, network, armed timers, reports, budget):
+A world is (registry, journal, engines, driver, network, armed timers, reports, budget, and a scenario's
+scripted differences: `bad_probes`, `bad_name`):
 
 registry   the core's RegistryState (stepped by `CORE.step`, the table's rows)
 journal    idempotency key -> the answer given (a retried key is answered from it, never re-applied)
@@ -152,9 +153,8 @@ DIGESTS = {A: "a" * 64, B: "b" * 64}
 UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED", "CHECKING"})  # CHECKING: the probe check is local work
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
 ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
-                "bucket": "answers_bucket",
-                "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready", "commit": "answers_commit",
-                "abort": "answers_abort", "claim": "answers_claim",
+                "bucket": "answers_bucket", "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready",
+                "commit": "answers_commit", "abort": "answers_abort", "claim": "answers_claim",
                 "cleanup": "answers_engine_cleanup", "cleaned": "answers_cleaned", "unknown": "answers_unknown",
                 "reclaim": "answers_engine_reclaim", "confirm": "answers_confirm"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)

@@ -52,7 +52,7 @@ class Timer:
     """A timer names the one call it bounds: a Deadline of an earlier call (already in the inbox when that call
     was answered) never passes for the deadline of the next one, so it lands on a late row."""
 
-    name: str  # "commit" | "claim" | "engine" | "report" | "backoff"; staging: the call's op
+    name: str  # "reserve" | "commit" | "abort" | "claim" | "engine" | "report" | "backoff"; staging: the call's op
     engine: str = ""
     index: int = -1  # staging's bucket calls: the bucket
 
