@@ -327,3 +327,32 @@ def test_a_candidate_whose_name_is_not_its_versions_is_refused_before_reserve(tm
         assert all(engine.calls == [] for engine in engines.values())
 
     asyncio.run(body())
+
+
+class HangsOnBucket(RecordingEngine):
+    """E1: bucket 1 never answers (a gloo send stuck in its collective)."""
+
+    async def transfer_bucket(self, candidate: Any, attempt_token: str, index: int) -> None:
+        await super().transfer_bucket(candidate, attempt_token, index)
+        if index == 1:
+            await asyncio.Event().wait()
+
+
+def test_injected_bucket_past_its_deadline_drops_the_link_and_the_attempt_is_aborted(tmp_path: Path) -> None:
+    """Rows bucket.deadline (the link is dropped: its group may hold a half-done send) and stage.failed, run by the
+    real executor: only E1's link is dropped, no engine gets an `end`, and both get the cleanup the abort's answer
+    names."""
+
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        engines["E1"] = HangsOnBucket("E1")
+        a_version, a = candidate("A")
+        outcome = await publisher(registry, engines, bucket=0.5).publish(a_version, a)
+        assert (outcome.status, outcome.reason) == (PublishStatus.FAILED_CLEAN, "PhaseDeadlineMissed")
+        assert "phase bucket_1 missed its 0.5s deadline" in outcome.detail
+        assert ("drop_link", "") in engines["E1"].calls and ("drop_link", "") not in engines["E0"].calls
+        for engine in engines.values():
+            ops = [op for op, _ in engine.calls]
+            assert ops[:3] == ["begin", "bucket", "bucket"] and "end" not in ops and ops[-1] == "cleanup"
+
+    asyncio.run(body())
