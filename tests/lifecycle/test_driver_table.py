@@ -333,3 +333,12 @@ def test_step_over_reachable_states_and_every_input(start, script) -> None:
         if state.phase == "DONE":
             assert step.state.phase == "DONE" and not step.commands
         state = step.state
+
+
+def test_staging_without_a_bucket_or_an_engine_is_refused_when_built() -> None:
+    with pytest.raises(ValueError, match="at least one bucket and one engine"):
+        stage(B, "t", 0, _STAGES)
+    with pytest.raises(ValueError, match="at least one bucket and one engine"):
+        stage(B, "t", 1, ())
+    with pytest.raises(ValueError, match="at least one bucket"):
+        publication(B, "d", "n-E0", 0, "k")
