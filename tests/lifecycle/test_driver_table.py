@@ -36,6 +36,7 @@ from versioned_lora.lifecycle.drivers import (
     Submit,
     Timer,
     confirmed_engines,
+    failed_engines,
     is_done,
     publication,
     reclaim,
@@ -254,6 +255,7 @@ def test_staging_fails_once_every_engine_settled_and_says_why() -> None:
                                   Answer(Call("prepared", "E0"), Reply(Recorded(B, "E0", PlacementState.PREPARED))))
     assert fired[-2:] == ["prepared.recorded", "stage.failed"]
     assert commands[-1] == Report(DriverOutcome.STAGE_FAILED)
+    assert failed_engines(state) == ("E1",)
     failure = state.engines["E1"].failure
     assert failure is not None and (failure.op, failure.reason) == ("begin", "STALE_INCARNATION")
 

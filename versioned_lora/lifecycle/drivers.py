@@ -680,6 +680,11 @@ def is_done(state: DriverState) -> bool:
     return state.phase in TERMINAL[MACHINE_OF[type(state)]]
 
 
+def failed_engines(state: StageState) -> tuple[str, ...]:
+    """The engines whose staging failed (their sub-machine's `failure` says why), by name."""
+    return tuple(sorted(name for name, e in state.engines.items() if e.phase == "FAILED"))
+
+
 def confirmed_engines(state: ReclaimState) -> tuple[str, ...]:
     """The engines whose unload this reclaim confirmed to the registry."""
     return tuple(sorted(name for name, e in state.engines.items() if e.phase == "CONFIRMED"))

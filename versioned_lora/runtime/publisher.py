@@ -398,8 +398,8 @@ class Publisher:
                 if on_staging is not None:
                     on_staging(after)
             moved = after.phase != before.phase or after.bucket != before.bucket
-            failed = any(e.phase == "FAILED" for e in after.engines.values())
-            if moved and not failed and before.phase != "IDLE" and after.phase in STAGE_PROGRESS:
+            completed = before.phase != "IDLE" and after.phase in STAGE_PROGRESS
+            if moved and completed and not drivers.failed_engines(after):
                 label = _phase_label(before)
                 phases[label] = now - marks["at"]
                 self._on_phase("", label, phases[label])
@@ -426,12 +426,13 @@ class Publisher:
                        candidate: CandidatePort | None = None) -> Exception:
         """The exception that tells the caller why staging failed: the first failed engine's (by name), or the
         reserve's answer that could not be staged (row reserve.unstageable)."""
-        failed_engines = [(n, e) for n, e in sorted(state.engines.items()) if e.phase == "FAILED"]
+        failed_engines = drivers.failed_engines(state)
         if not failed_engines:
             name = getattr(reserved, "lora_name", None)
             return NameMismatch(f"registry reserved {name!r} on {len(state.engines)} engines, candidate is "
                                 f"{getattr(candidate, 'lora_name', None)!r}")
-        name, failed = failed_engines[0]
+        name = failed_engines[0]
+        failed = state.engines[name]
         failure = failed.failure
         assert failure is not None
         said = loop.failures.get(drivers.Call(failure.op, name), "")
