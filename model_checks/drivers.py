@@ -66,6 +66,19 @@ Properties, on every reachable world:
   stage_fails_only_by_a_fault  STAGE_FAILED only after a fault, a restart, or a probe that differs
   (the staging properties that read the engines' or the registry's state are not checked after a restart, which
   resets both: what was true when it was counted need not be true after it)
+  A session (SESSION_SCENARIOS: its caller asks a script of bind / generate / resolve / finish, each while the
+  earlier ones may still be in flight, and may go away from a generation; `cancels` budget):
+  carries_the_binding      every generation sent carries the lora_name the registry bound the session to
+  dispatch_by_the_table    ... and goes only to engines where the registry has the version servable now
+  nothing_after_finish     no dispatch view is read and no generation sent once the finish began
+  unknown_blocks_the_next  no generation starts while an earlier one's outcome is unknown
+  never_resent             a generation is sent only from its dispatch or after an engine refused the version
+  close_after_drain        close_and_release is sent only once every generation ended (aborted, if live)
+  bind_only_while_binding  the bind is sent only while the session waits for it
+  report_is_true           BOUND names the registry's binding; CLOSED only once the registry closed it;
+                           GENERATED only for a generation that was answered; DROPPED only for one that was sent;
+                           SESSION_CLOSED only once the finish began
+  told_once                when nothing can happen, every question the caller asked has been answered
   registry invariants      every invariant of spec/invariants.py on every registry state
   finishes                 a world where nothing can happen any more has the driver DONE, with a report
 """
@@ -86,8 +99,10 @@ from versioned_lora.lifecycle import CORE, initial_engine_state, initial_state
 from versioned_lora.lifecycle.drivers import (
     DRIVERS,
     MACHINE_OF,
+    AbortGeneration,
     Answer,
     Arm,
+    Bind,
     Call,
     Cancel,
     CheckProbe,
@@ -97,6 +112,10 @@ from versioned_lora.lifecycle.drivers import (
     Disarm,
     Drivers,
     DropLink,
+    Finish,
+    Generate,
+    HangUp,
+    LocalCleanup,
     Lost,
     ReclaimEngine,
     ReclaimEngineState,
@@ -104,21 +123,28 @@ from versioned_lora.lifecycle.drivers import (
     Refusal,
     Reply,
     Report,
+    Resolve,
+    SendGeneration,
+    SessionState,
     SettleState,
     StageEngine,
     StageState,
     Start,
     Submit,
     Timer,
+    ViewDispatch,
     is_done,
     publication,
     reclaim,
+    session,
     settle,
     stage,
+    subs_of,
 )
 from versioned_lora.lifecycle.effects import StageOnEngine
+from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, DriverOutcome, Input
+from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, DriverOutcome, Input, SessionRefusal
 from versioned_lora.spec.events import (
     Abort,
     AcquireRequest,
@@ -126,6 +152,7 @@ from versioned_lora.spec.events import (
     BindFirst,
     ClaimReclaim,
     CleanupAttempt,
+    CloseAndRelease,
     Commit,
     ConfirmReclaim,
     EndStaging,
@@ -143,6 +170,7 @@ from versioned_lora.spec.events import (
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name
 from versioned_lora.spec.invariants import engine_violated, violated
+from versioned_lora.spec.model import session_state
 from versioned_lora.spec.states import AdapterState, PlacementState, VersionState
 
 ENGINES = ("E0", "E1")
@@ -151,19 +179,26 @@ DIGESTS = {A: "a" * 64, B: "b" * 64}
 # The phases that wait for a call without a deadline, on purpose: the commit whose outcome was reported
 # unknown is retried under the same key until it is answered (RFC §3.4).
 UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED", "CHECKING"})  # CHECKING: the probe check is local work
+# A session's: the bind retried after its waiters were told UNKNOWN; the caller's own cleanup (local work); and a
+# generation's calls, which the backend's own timeout ends (a generation may legitimately run for minutes).
+UNBOUNDED_BY_DESIGN |= {"BIND_UNKNOWN", "CLEANING_UP", "VIEWING", "SENDING", "RESOLVING", "ABORTING"}
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
 ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
                 "bucket": "answers_bucket", "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready",
                 "commit": "answers_commit", "abort": "answers_abort", "claim": "answers_claim",
                 "cleanup": "answers_engine_cleanup", "cleaned": "answers_cleaned", "unknown": "answers_unknown",
-                "reclaim": "answers_engine_reclaim", "confirm": "answers_confirm"}
+                "reclaim": "answers_engine_reclaim", "confirm": "answers_confirm", "bind": "answers_bind",
+                "begin_close": "answers_begin_close", "close": "answers_close", "local_cleanup": "answers_cleanup",
+                "view": "answers_view", "generate": "answers_generate"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 O = DriverOutcome  # noqa: E741
 OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.REPLAYED, O.REJECTED, O.UNKNOWN},  # what each driver may report
             SettleState: {O.COMMITTED, O.FAILED_CLEAN, O.UNKNOWN},
-            ReclaimState: {O.RECLAIMED, O.PENDING, O.REJECTED, O.UNKNOWN}}
-CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine)  # commands that are one call each
+            ReclaimState: {O.RECLAIMED, O.PENDING, O.REJECTED, O.UNKNOWN},
+            SessionState: {O.BOUND, O.GENERATED, O.DROPPED, O.RESOLVED, O.CLOSED, O.REJECTED, O.UNKNOWN}}
+CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine, ViewDispatch, SendGeneration, AbortGeneration,
+         LocalCleanup)  # commands that are one call each
 
 
 @attrs.frozen
@@ -192,6 +227,11 @@ class World:
     bad_probes: frozenset[str] = frozenset()  # engines whose `end` probe differs from the reference forward
     bad_name: bool = False  # the publication's candidate carries another name than the registry reserves
     started: bool = False  # Start was fed (it is fed once: a driver back in IDLE gets no second one)
+    # A session's caller: the requests it will still make, in order (each may come while earlier ones are in
+    # flight), and the subjects it asked about and has not been told about yet.
+    caller: tuple[str, ...] = ()
+    pending: frozenset[str] = frozenset()
+    asked: frozenset[str] = frozenset()  # the request ids asked about so far (a caller may go away after its answer)
 
 
 @attrs.frozen
@@ -307,12 +347,51 @@ def scenario(name: str, budget: Budget) -> World:
             s.eng_step(i, FinishUnload(s.tokens[A][0], claimed.reclaim_id))
             s.reg_step(ConfirmReclaim(A, e, claimed.reclaim_id))
         return _world(s, reclaim(A), budget)
+    if name in SESSION_SCENARIOS:
+        return _session_world(name, budget)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
+
+
+SESSION = SessionKey(0, 0, 0)
+# A session's caller: what it asks, in order ("gen r0": a generation under request id r0). The session scenarios:
+SESSION_SCENARIOS = {
+    # bind, one generation, then finish twice (a second finish waits for the same close, or retries the cleanup)
+    "session": (("bind", "gen r0", "finish", "finish"), {"cleanup": True}),
+    # a generation after one whose outcome may be unknown, its resolution, and a request id used twice
+    "session_retry": (("bind", "gen r0", "gen r1", "resolve r0", "resolve r0", "resolve r1", "finish"), {}),
+    # both engines restarted and not yet rehydrated: the version is servable nowhere; a generation before the bind
+    # is answered, a bind after it, and a request id used again
+    "session_restarted": (("bind", "gen r0", "bind", "finish", "gen r0"), {}),
+    # no default yet: the bind is refused; a bind and a generation after the finish
+    "session_unpublished": (("bind", "finish", "bind", "gen r0"), {}),
+    "session_close_only": (("finish",), {"close_only": True}),  # a session this process does not hold
+    "session_other_epoch": (("finish",), {}),  # begin_close refused: another epoch's session
+    "session_other_epoch_close": (("finish",), {"close_only": True}),  # and its close
+}
+
+
+def _session_world(name: str, budget: Budget) -> World:
+    s = _Setup()
+    if name != "session_unpublished":
+        s.stage(A)
+        s.commit(A)
+    if name == "session_restarted":
+        for e in ENGINES:
+            s.reg_step(EngineRestarted(e, 2))
+        s.engs = [CORE.engine_step(eng, EngineStarted(2))[0] for eng in s.engs]
+    key = SessionKey(1, 0, 0) if name.startswith("session_other_epoch") else SESSION
+    script, options = SESSION_SCENARIOS[name]
+    w = _world(s, session(key, **options), budget)
+    return attrs.evolve(w, started=True, caller=script)
+
+
+CALLER_INPUTS = {"bind": lambda rid: (Bind(), "bind"), "gen": lambda rid: (Generate(rid), rid),
+                 "resolve": lambda rid: (Resolve(rid), rid), "finish": lambda rid: (Finish(), "finish")}
 
 
 SCENARIOS = ("stage", "stage_probe_mismatch", "reserve_name_mismatch", "reserve_replay", "reserve_conflict", "commit",
              "commit_not_ready", "abort", "abort_after_commit", "abort_again", "reclaim", "reclaim_in_use",
-             "reclaim_done")
+             "reclaim_done", *SESSION_SCENARIOS)
 
 # ---------------------------------------------------------------- successors
 
@@ -348,20 +427,25 @@ class DriverSystem:
                 reports.append(c)
             elif isinstance(c, DropLink):
                 pass  # local to the executor: the model's engines have no transfer group
+            elif isinstance(c, HangUp):  # the executor cancels the call: its outcome never reaches the driver
+                net = [(kind, m) for kind, m in net if getattr(m, "call", None) != c.call]
             else:
                 net.append(("req", c))
         for c in step.commands:
             if isinstance(c, CALLS) and not self._waits_for(step.state, c.call):
                 flags.append(f"waits_for_what_it_sends: {c.call} sent, and no row of the phase it moved to "
                              f"answers it")
+        if isinstance(step.state, SessionState):
+            flags += _session_flags(w.driver, step.state, step.commands)
         if is_done(step.state):  # the loop ends: its timers are cancelled, late replies land nowhere
             timers.clear()
+        pending = w.pending - {c.subject for c in step.commands if isinstance(c, Report)}
         w = attrs.evolve(w, driver=step.state, net=_sorted(net), timers=frozenset(timers), reports=tuple(reports),
-                         flags=tuple(flags))
+                         flags=tuple(flags), pending=pending)
         return w, step.fired
 
     def _waits_for(self, driver: Any, call: Call) -> bool:
-        machine = driver if not call.engine else driver.engines.get(call.engine)
+        machine = driver if not call.engine else subs_of(driver).get(call.engine)
         return machine is not None and call.op in self._awaited(machine)
 
     def _awaited(self, machine: Any) -> frozenset[str]:
@@ -392,6 +476,19 @@ class DriverSystem:
                 command.call, reply)
         if isinstance(command, CheckProbe):
             return w, Answer(command.call, command.engine not in w.bad_probes)
+        if isinstance(command, ViewDispatch):  # the gate: the registry's own answer
+            servable = frozenset(e for e in ENGINES if servable_on(w.registry, command.version, e))
+            return w, Answer(command.call, servable)
+        if isinstance(command, (AbortGeneration, LocalCleanup)):
+            return w, Answer(command.call)  # an abort of an ended or unknown request is harmless
+        if isinstance(command, SendGeneration):  # the first engine the request may go to runs it to its end
+            engine_name = sorted(command.engines)[0]
+            i = ENGINES.index(engine_name)
+            engine, result, _ = CORE.engine_step(w.engines[i], AcquireRequest(command.lora_name))
+            if isinstance(result, Rejected):
+                return w, Refusal(command.call, str(result.reason), origin=engine_name)
+            engine, _, _ = CORE.engine_step(engine, ReleaseRequest(command.lora_name))
+            return attrs.evolve(w, engines=(*w.engines[:i], engine, *w.engines[i + 1:])), Answer(command.call, "ok")
         i = ENGINES.index(command.engine)
         engine = w.engines[i]
         if isinstance(command, StageEngine):
@@ -464,7 +561,18 @@ class DriverSystem:
                 yield f"fire {timer}", fired
             elif b.deadlines:
                 yield f"fire early {timer}", attrs.evolve(fired, budget=attrs.evolve(b, deadlines=b.deadlines - 1))
-        if b.cancels and not is_done(w.driver):
+        if w.caller:  # a session's caller asks its next question (earlier ones may still be in flight)
+            what, _, rid = w.caller[0].partition(" ")
+            inp, subject = CALLER_INPUTS[what](rid)
+            asked = w.asked | ({rid} if rid else set())
+            fed, _ = self._feed(attrs.evolve(w, caller=w.caller[1:], pending=w.pending | {subject}, asked=asked), inp)
+            yield f"ask {w.caller[0]}", fed
+        if b.cancels and isinstance(w.driver, SessionState):  # a generation's caller goes away (maybe just after
+            for rid in sorted(w.asked):  # its answer came: the executor feeds its Cancel all the same)
+                fed, _ = self._feed(attrs.evolve(w, pending=w.pending - {rid},
+                                                 budget=attrs.evolve(b, cancels=b.cancels - 1)), Cancel(rid))
+                yield f"cancel {rid}", fed
+        elif b.cancels and not is_done(w.driver):
             yield "cancel", attrs.evolve(w, net=_sorted((*w.net, ("rep", Cancel()))),
                                          budget=attrs.evolve(b, cancels=b.cancels - 1))
         if b.crashes:  # an engine restarts, and its supervisor reports the new incarnation to the registry
@@ -505,14 +613,16 @@ class DriverSystem:
         waiting = {"CLEANING": Timer("abort"), "RECLAIMING": Timer("claim")}.get(d.phase)
         if waiting is not None and waiting in w.timers:
             out.append(f"timers_follow_calls: {d.phase} still has the {waiting.name} timer armed")
-        for name, sub in d.engines.items():
+        for name, sub in subs_of(d).items():
             if sub.phase in SETTLES[MACHINE_OF[type(sub)]] and any(t.engine == name for t in w.timers):
                 out.append(f"timers_follow_calls: {name} is {sub.phase} with a timer still armed")
-        for name, machine in [] if is_done(d) else [("", d), *d.engines.items()]:  # done: its loop has ended
+        for name, machine in [] if is_done(d) else [("", d), *subs_of(d).items()]:  # done: its loop has ended
             if machine.phase in TERMINAL[MACHINE_OF[type(machine)]]:
                 continue
             calls = {m.call.op for kind, m in w.net
                      if kind in ("req", "rep") and getattr(m, "call", None) is not None and m.call.engine == name}
+            if isinstance(machine, SessionState) and machine.phase not in ("BINDING", "BIND_UNKNOWN"):
+                calls.discard("bind")  # a bind sent before the finish lands late (finish.binding): not waited on
             awaited = self._awaited(machine)
             if awaited and not awaited & calls:
                 out.append(f"waits_on_a_call: {name or 'the coordinator'} is {machine.phase}, waiting for "
@@ -523,12 +633,16 @@ class DriverSystem:
                            f"armed (only its deadline)")
             bounded = any(t.engine == name for t in w.timers) or any(
                 kind == "rep" and isinstance(m, Deadline) and m.timer.engine == name for kind, m in w.net)
+            told = any(r.outcome is DriverOutcome.UNKNOWN and r.subject == "finish" for r in w.reports)
+            if isinstance(machine, SessionState) and machine.phase in ("CLOSING", "RELEASING") and told:
+                bounded = True  # its caller was told UNKNOWN; the same call is retried until answered
             if calls and not bounded and machine.phase not in UNBOUNDED_BY_DESIGN:
                 out.append(f"calls_under_a_deadline: {name or 'the coordinator'} is {machine.phase} with a call in "
                            f"flight and no timer armed")
         target = w.driver.version
         out += self._stage_problems(w, start)
-        for name, sub in d.engines.items():
+        out += _session_problems(w, start)
+        for name, sub in subs_of(d).items():
             if isinstance(sub, CleanupEngineState) and sub.phase == "CLEANED":
                 placement = reg.placements.get((target, name))
                 if placement is None or placement.state is not PlacementState.CLEANED:
@@ -550,7 +664,7 @@ class DriverSystem:
             out.append(f"stage_names_its_attempt: reported with attempt {d.attempt_token!r}, the registry's is "
                        f"{reg.versions[d.version].attempt_token!r} (the caller aborts or reports that one)")
         resolves = isinstance(d, SettleState) and d.commit  # a commit reported unknown is resolved (and cleaned)
-        if not is_done(d) and w.reports and (not resolves or any(
+        if not is_done(d) and w.reports and not isinstance(d, SessionState) and (not resolves or any(
                 r.outcome is not DriverOutcome.UNKNOWN for r in w.reports)):
             out.append(f"only_unknown_before_the_end: reported {w.reports[0].outcome} while still {d.phase}")
         for report in w.reports:
@@ -562,6 +676,8 @@ class DriverSystem:
                            "early, cancelled or restarted, and every probe matches")
             wanted = {DriverOutcome.COMMITTED: COMMITTED, DriverOutcome.FAILED_CLEAN: {VersionState.FAILED_CLEAN},
                       DriverOutcome.RECLAIMED: {VersionState.RECLAIMED},
+                      # claimed, some engine not confirmed (its last confirm may have landed, unanswered)
+                      DriverOutcome.PENDING: {VersionState.RECLAIMING, VersionState.RECLAIMED},
                       DriverOutcome.REPLAYED: set(VersionState) - {VersionState.LOADING}}.get(report.outcome)
             if wanted is not None and state not in wanted:
                 out.append(f"report_is_true: reported {report.outcome} while the registry has {state}")
@@ -570,7 +686,7 @@ class DriverSystem:
                            "fired early, nothing was cancelled or restarted")
             if report.outcome is DriverOutcome.UNKNOWN and isinstance(d, ReclaimState) and d.reclaim_id is not None:
                 out.append("unknown_means_claim_unanswered: a reclaim whose claim was answered reported UNKNOWN")
-            if report.outcome is DriverOutcome.REJECTED and w.driver.engines:
+            if report.outcome is DriverOutcome.REJECTED and isinstance(d, ReclaimState) and d.engines:
                 out.append("rejected_changes_nothing: a REJECTED reclaim sent calls to engines")
         return out
 
@@ -611,6 +727,67 @@ class DriverSystem:
                     for e in d.engines):
                 out.append("report_is_true: STAGED reported while some engine is not READY in the registry")
         return out
+
+
+def _session_flags(before: Any, after: SessionState, commands: tuple[Any, ...]) -> list[str]:
+    """What a session's step sent, judged against the state it was in (checked with the world's)."""
+    out = []
+    for c in commands:
+        if isinstance(c, (ViewDispatch, SendGeneration)) and after.phase != "BOUND":
+            out.append(f"nothing_after_finish: {type(c).__name__} for {c.call.engine} while {after.phase}")
+        if isinstance(c, SendGeneration):
+            was = before.requests.get(c.call.engine)
+            if was is None or was.phase not in ("VIEWING", "SENDING"):
+                out.append(f"never_resent: {c.call.engine} sent from {None if was is None else was.phase}")
+            if c.lora_name != after.lora_name or not c.engines:
+                out.append(f"carries_the_binding: {c.call.engine} sent as {c.lora_name!r} to {sorted(c.engines)}")
+        if isinstance(c, ViewDispatch) and any(g.phase in ("UNKNOWN", "RESOLVING") for g in before.requests.values()):
+            out.append(f"unknown_blocks_the_next: {c.call.engine} opened while an earlier outcome is unknown")
+        if isinstance(c, Submit) and isinstance(c.event, CloseAndRelease) and any(
+                g.phase not in TERMINAL[MACHINE_OF[type(g)]] for g in after.requests.values()):
+            out.append("close_after_drain: close_and_release sent while a generation is live")
+        if isinstance(c, Report) and c.reason == SessionRefusal.SESSION_CLOSED and after.phase in (
+                "OPEN", "BINDING", "BIND_UNKNOWN", "BOUND"):
+            out.append(f"report_is_true: {c.subject} told SESSION_CLOSED while the session is {after.phase}")
+        if isinstance(c, Submit) and isinstance(c.event, BindFirst) and after.phase not in ("BINDING", "BIND_UNKNOWN"):
+            out.append(f"bind_only_while_binding: bind sent in {after.phase}")
+    return out
+
+
+def _session_problems(w: World, start: World) -> list[str]:
+    d, out, reg = w.driver, [], w.registry
+    if not isinstance(d, SessionState):
+        return out
+    record = reg.sessions.get(d.session)
+    restarted = w.budget.crashes != start.budget.crashes
+    live = session_state(reg, d.session).name in ("BOUND", "FINALIZING")  # a tombstone drops the binding
+    for kind, c in w.net:
+        if kind == "req" and isinstance(c, SendGeneration) and live:
+            bound = None if record is None else record.version
+            if bound is None or c.lora_name != reg.versions[bound].lora_name:
+                out.append(f"carries_the_binding: {c.call.engine} carries {c.lora_name!r}, the registry bound "
+                           f"{bound}")
+            elif not restarted and not c.engines <= {e for e in ENGINES if servable_on(reg, bound, e)}:
+                out.append(f"dispatch_by_the_table: {c.call.engine} sent to {sorted(c.engines)}, not servable there")
+    for rid, g in d.requests.items():
+        if not g.engines <= set(ENGINES) or not g.refused <= g.engines:
+            out.append(f"sub_state_is_true: {rid} records engines {sorted(g.engines)} (refused {sorted(g.refused)}): "
+                       "not the view's answer")
+    for report in w.reports:
+        if report.outcome is DriverOutcome.BOUND and live and record is not None and (
+                record.version != d.version or d.version is None):
+            out.append(f"report_is_true: BOUND to {d.version} reported, the registry has "
+                       f"{None if record is None else record.version}")
+        if report.outcome is DriverOutcome.CLOSED and (record is not None and record.state.name != "CLOSED"):
+            out.append(f"report_is_true: CLOSED reported, the registry's session is {record.state}")
+        if report.outcome is DriverOutcome.DROPPED and (
+                (g := d.requests.get(report.subject)) is None or not g.engines):
+            out.append(f"report_is_true: {report.subject} DROPPED (a response not delivered), it was never sent")
+        if report.outcome is DriverOutcome.GENERATED and (
+                (g := d.requests.get(report.subject)) is None or g.phase != "DONE"):
+            out.append(f"report_is_true: {report.subject} GENERATED, its generation is "
+                       f"{None if g is None else g.phase}")
+    return out
 
 
 def _received(w: World, engine: str, d: StageState) -> int:
@@ -667,7 +844,10 @@ def check(name: str, budget: Budget = Budget(), drivers: Drivers = DRIVERS, syst
             succ = list(system.successors(w))
         except Exception as exc:  # a ProtocolError (uncovered pair) or a bug the table let through
             problems.append(f"{type(exc).__name__}: {exc}")
-        if not succ and not problems and not (is_done(w.driver) and w.reports):
+        if not succ and not problems and isinstance(w.driver, SessionState):
+            if w.pending:  # a session runs until closed; what its caller asked must have been answered
+                problems.append(f"told_once: nothing can happen and {sorted(w.pending)} was never answered")
+        elif not succ and not problems and not (is_done(w.driver) and w.reports):
             problems.append(f"finishes: nothing can happen and the driver is {w.driver.phase}")
         if problems:
             return CheckResult(name, len(parent), time.monotonic() - started, problems[0], trace(w))

@@ -196,6 +196,9 @@ def test_injected_lost_session_replies_dispatch_nothing_and_release_once(engines
             for lost in ("bind:", "bclose:", "close:"):
                 lossy = LostReplies(d.registry, d.handle, lost)
                 binder = d.new_binder(d.backend, shard=len(lost))
+                # Each caller is told UNKNOWN after 1.5 s (inside the loss); the driver retries the same key, at
+                # most 1 s apart (driver_loop.RETRY_PAUSE_S), so a caller after the loss is answered in time.
+                binder.deadlines = Deadlines(report=1.5)
                 session = binder.open(f"S_{lost}@E1")
                 if lost == "bind:":
                     with pytest.raises(RegistryUnavailable):

@@ -19,17 +19,22 @@ from versioned_lora.lifecycle.drivers import (
     GUARDS,
     Answer,
     Arm,
+    Bind,
     Call,
     Cancel,
     CleanupEngineState,
     Deadline,
     Disarm,
     Drivers,
+    Finish,
+    Generate,
+    GenerationState,
     Lost,
     ReclaimEngineState,
     Refusal,
     Reply,
     Report,
+    Resolve,
     StageEngine,
     StageEngineState,
     Start,
@@ -40,13 +45,17 @@ from versioned_lora.lifecycle.drivers import (
     is_done,
     publication,
     reclaim,
+    session,
     settle,
     stage,
+    subs_of,
 )
 from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
 from versioned_lora.lifecycle.results import (
     Aborted,
+    Bound,
+    Closed,
     Committed,
     ReclaimClaimed,
     ReclaimConfirmed,
@@ -63,7 +72,7 @@ from versioned_lora.spec.drivers import (
     Input,
     uncovered_driver_pairs,
 )
-from versioned_lora.spec.identities import VersionKey
+from versioned_lora.spec.identities import SessionKey, VersionKey
 from versioned_lora.spec.model import CommitReceipt
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import SAME, WILDCARD, PlacementState, VersionState
@@ -305,8 +314,22 @@ _TIMERS += [Timer(n, e) for n in ("engine", "report", "backoff") for e in ENGINE
 _TIMERS += [Timer(n, e, i) for n in ("begin", "prepared", "bucket", "end", "ready") for e in ENGINES
             for i in (-1, 0, 1)]
 
+_SESSION = SessionKey(0, 0, 1)
+_CALLS += [Call(op) for op in ("bind", "begin_close", "close", "local_cleanup")]
+_CALLS += [Call(op, rid) for op in ("view", "generate", "abort") for rid in ("r0", "r1")]
+_REPLIES += [Reply(Bound(_SESSION, B, "n-B")), Reply(Closed(_SESSION, True)), frozenset({"E0", "E1"}), frozenset(),
+             "response"]
+_TIMERS += [Timer("bind"), Timer("close")]
+_RIDS = st.sampled_from(["r0", "r1"])
+
 inputs = st.one_of(
     st.just(Start()),
+    st.just(Bind()),
+    st.just(Finish()),
+    st.builds(Generate, _RIDS),
+    st.builds(Resolve, _RIDS),
+    st.builds(Cancel, _RIDS),
+    st.builds(Refusal, st.sampled_from(_CALLS), st.just(Reason.VERSION_UNAVAILABLE), st.sampled_from(ENGINES)),
     st.just(Cancel()),
     st.builds(Answer, st.sampled_from(_CALLS), st.sampled_from(_REPLIES)),
     st.builds(Refusal, st.sampled_from(_CALLS), st.sampled_from([Reason.IN_USE, Reason.NOT_RECLAIMABLE])),
@@ -314,10 +337,12 @@ inputs = st.one_of(
     st.builds(Deadline, st.sampled_from(_TIMERS)),
 )
 starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, commit=False), reclaim(B),
-                          stage(B, "t", 2, _STAGES), publication(B, "d", "n-E0", 2, "reserve:B")])
+                          stage(B, "t", 2, _STAGES), publication(B, "d", "n-E0", 2, "reserve:B"),
+                          session(_SESSION), session(_SESSION, cleanup=True), session(_SESSION, close_only=True),
+                          attrs.evolve(session(_SESSION), phase="BOUND", version=B, lora_name="n-B")])
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=800, deadline=None)
 @given(start=starts, script=st.lists(inputs, max_size=12))
 def test_step_over_reachable_states_and_every_input(start, script) -> None:
     state = start
@@ -327,13 +352,13 @@ def test_step_over_reachable_states_and_every_input(start, script) -> None:
         except ProtocolError:  # the one error; nothing else may escape
             continue
         assert step.fired and all(f in {r.id for r in DRIVER_ROWS} for f in step.fired)
-        for sub in step.state.engines.values():
-            assert isinstance(sub, (CleanupEngineState, ReclaimEngineState, StageEngineState))
+        for sub in subs_of(step.state).values():
+            assert isinstance(sub, (CleanupEngineState, ReclaimEngineState, StageEngineState, GenerationState))
         # Determinism: the same state and input give the same step (keys come from the state only).
         assert DRIVERS.step(state, inp) == step
         # Once done, a driver stays done.
-        if state.phase == "DONE":
-            assert step.state.phase == "DONE" and not step.commands
+        if is_done(state):  # (a closed session still answers a finish with the close's report)
+            assert step.state.phase == state.phase and all(isinstance(c, Report) for c in step.commands)
         state = step.state
 
 

@@ -289,7 +289,9 @@ def test_injected_lost_bind_and_close_replies_are_resolved_by_the_same_keys(tmp_
         a_version, a = candidate("A")
         assert (await pub.publish(a_version, a)).committed
         lossy = LosesReplies(registry, "bind:", lose_for_s=0.5)
-        binder = SessionBinder(lossy, backend=None, epoch=0, shard=0)  # type: ignore[arg-type]  # no generation here
+        # The caller is told UNKNOWN after 0.2 s; the driver goes on retrying the same key until answered.
+        binder = SessionBinder(lossy, backend=None, epoch=0, shard=0,  # type: ignore[arg-type]  # no generation here
+                               deadlines=Deadlines(report=0.2))
         key = binder.open("s1")
         with pytest.raises(RegistryUnavailable):
             await binder.bind_first(key)

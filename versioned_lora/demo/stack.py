@@ -120,7 +120,7 @@ class Stack:
         self.bucket_bytes = bucket_bytes
 
     def new_binder(self, backend: Any, shard: int) -> SessionBinder:
-        return SessionBinder(self.registry, backend, epoch=self.epoch, shard=shard)
+        return SessionBinder(self.registry, backend, epoch=self.epoch, shard=shard, deadlines=self.deadlines)
 
     def candidate(
         self, label: str, adapter: str | None = None, *, snapshot: Snapshot | None = None

@@ -17,12 +17,15 @@ from immutables import Map
 
 from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
-from versioned_lora.lifecycle.results import Aborted, ReclaimClaimed, ReclaimConfirmed, Rejected, Reserved
+from versioned_lora.lifecycle.results import Aborted, Bound, ReclaimClaimed, ReclaimConfirmed, Rejected, Reserved
 from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, DriverOutcome, DriverRow, Input
 from versioned_lora.spec.events import (
     NO_FENCE,
     Abort,
+    BeginClose,
+    BindFirst,
     ClaimReclaim,
+    CloseAndRelease,
     Commit,
     ConfirmReclaim,
     RecordCleaned,
@@ -32,7 +35,7 @@ from versioned_lora.spec.events import (
     RegistryEvent,
     Reserve,
 )
-from versioned_lora.spec.identities import VersionKey
+from versioned_lora.spec.identities import SessionKey, VersionKey
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import SAME, VersionState
 
@@ -81,6 +84,7 @@ class Answer:
 class Refusal:
     call: Call
     reason: str
+    origin: str = ""  # who refused, where the call may go to several parties (a generation: the engine)
 
 
 @attrs.frozen
@@ -95,7 +99,9 @@ class Deadline:
 
 @attrs.frozen
 class Cancel:
-    pass
+    """The caller stopped waiting: for its whole work, or (a session's) for the generation `rid`."""
+
+    rid: str = ""
 
 
 @attrs.frozen
@@ -103,7 +109,30 @@ class Settled:
     engine: str
 
 
-DriverInput: TypeAlias = Start | Answer | Refusal | Lost | Deadline | Cancel | Settled
+@attrs.frozen
+class Bind:
+    """A session's caller needs its binding (every generation asks first)."""
+
+
+@attrs.frozen
+class Generate:
+    rid: str
+
+
+@attrs.frozen
+class Resolve:
+    """End the generation `rid` whose outcome is unknown, so a new attempt may be made."""
+
+    rid: str
+
+
+@attrs.frozen
+class Finish:
+    pass
+
+
+DriverInput: TypeAlias = (Start | Answer | Refusal | Lost | Deadline | Cancel | Settled | Bind | Generate | Resolve
+                          | Finish)
 
 
 @attrs.frozen
@@ -163,6 +192,47 @@ class DropLink:
 
 
 @attrs.frozen
+class ViewDispatch:
+    """Read the registry's dispatch view of `version`: answered with the engines it may go to now (maybe none)."""
+
+    call: Call  # op: "view", engine: the request id
+    version: VersionKey
+
+
+@attrs.frozen
+class SendGeneration:
+    """One generation attempt to one of `engines`, carrying the bound `lora_name`: answered with the response,
+    refused (an engine's typed refusal, `origin` the engine), or lost (its outcome unknown)."""
+
+    call: Call  # op: "generate", engine: the request id
+    rid: str  # the attempt's request id on the engine (a re-dispatch after a refusal gets its own)
+    lora_name: str
+    engines: frozenset[str]
+
+
+@attrs.frozen
+class AbortGeneration:
+    """Ask the engine to end `rid` (harmless for a request that never arrived or ended)."""
+
+    call: Call  # op: "abort", engine: the request id
+    rid: str
+
+
+@attrs.frozen
+class HangUp:
+    """Stop waiting for `call` at once: the executor drops it (an HTTP generation's engine sees its client go)."""
+
+    call: Call
+
+
+@attrs.frozen
+class LocalCleanup:
+    """The session's caller's own cleanup before the close (Relax's local record): answered, or lost if it raised."""
+
+    call: Call  # op: "local_cleanup"
+
+
+@attrs.frozen
 class Arm:
     timer: Timer
     deadline: str  # the `runtime.deadlines.Deadlines` field that gives its seconds
@@ -179,10 +249,12 @@ class Report:
 
     outcome: DriverOutcome
     reason: str | None = None
+    subject: str = ""  # a session's: "bind", "finish" or a request id (whose caller it answers); else ""
 
 
-Call_: TypeAlias = Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine  # one I/O each, answered
-Command: TypeAlias = Call_ | DropLink | Arm | Disarm | Report
+Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
+                    | AbortGeneration | LocalCleanup)  # one I/O each, answered
+Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
 
@@ -263,8 +335,35 @@ class ReclaimState:
     reason: str | None = None
 
 
-DriverState: TypeAlias = StageState | SettleState | ReclaimState
-SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState
+@attrs.frozen
+class GenerationState:
+    phase: str
+    rid: str
+    engines: frozenset[str] = frozenset()  # where the view said it may go
+    refused: frozenset[str] = frozenset()  # engines that refused the version (restarted, not yet adopted)
+
+    @property
+    def attempt_rid(self) -> str:
+        """The request id on the engine: the caller's, then one per re-dispatch (an engine keeps ids unique)."""
+        return f"{self.rid}~{len(self.refused)}" if self.refused else self.rid
+
+
+@attrs.frozen
+class SessionState:
+    """One session (RFC §4): its one bind, its generations (one sub-machine per request id), its close."""
+
+    phase: str
+    session: SessionKey
+    requests: Map[str, GenerationState] = attrs.field(factory=Map)
+    version: VersionKey | None = None  # the binding, once known
+    lora_name: str = ""
+    cleanup: bool = False  # the caller has a local cleanup to run before the close
+    close_only: bool = False  # a session this process does not hold: the finish only sends the close
+    reason: str | None = None
+
+
+DriverState: TypeAlias = StageState | SettleState | ReclaimState | SessionState
+SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState | GenerationState
 
 
 def stage(version: VersionKey, attempt_token: str, bucket_count: int, orders: tuple[StageOnEngine, ...]) -> StageState:
@@ -296,6 +395,10 @@ def reclaim(version: VersionKey) -> ReclaimState:
     return ReclaimState("IDLE", version)
 
 
+def session(key: SessionKey, *, cleanup: bool = False, close_only: bool = False) -> SessionState:
+    return SessionState("OPEN", key, cleanup=cleanup, close_only=close_only)
+
+
 # ---------------------------------------------------------------- keys (derived from the state only)
 
 
@@ -313,6 +416,13 @@ def abort_key(s: SettleState) -> str:
 
 def claim_key(s: ReclaimState) -> str:
     return f"claim:{s.version.epoch}:{s.version.version_id}"
+
+
+def session_key(s: SessionState, call: str) -> str:
+    """bind / bclose / close, one key each per session key (a session key is never reused: the registry refuses a
+    closed one); a close-only finish, for a session this process no longer holds, has its own."""
+    k = s.session
+    return f"{'close-again' if s.close_only else call}:{k.epoch}:{k.shard}:{k.seq}"
 
 
 # ---------------------------------------------------------------- guards: (state, sub, input) -> bool
@@ -340,8 +450,11 @@ def _timer(inp: DriverInput, name: str) -> bool:
 
 
 def _settled(s: Any) -> bool:
-    return all(sub.phase in SETTLES[MACHINE_OF[type(sub)]] for sub in s.engines.values())
+    return all(sub.phase in SETTLES[MACHINE_OF[type(sub)]] for sub in subs_of(s).values())
 
+
+# A generation in these phases may have been accepted by an engine: no new generation starts before it is resolved.
+UNRESOLVED = frozenset({"UNKNOWN", "RESOLVING"})
 
 GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "answers_begin": lambda s, sub, i: _call_op(i) == "begin",
@@ -388,6 +501,28 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "reclaims_settled": lambda s, sub, i: _settled(s),
     "capacity_freed": lambda s, sub, i: any(e.freed for e in s.engines.values()),
     "registry_says_reclaimed": lambda s, sub, i: any(e.reclaimed for e in s.engines.values()),
+    # ---- session
+    "answers_bind": lambda s, sub, i: _call_op(i) == "bind",
+    "bound_answer": lambda s, sub, i: isinstance(_result(i), Bound),
+    "answers_begin_close": lambda s, sub, i: _call_op(i) == "begin_close",
+    "answers_close": lambda s, sub, i: _call_op(i) == "close",
+    "answers_cleanup": lambda s, sub, i: _call_op(i) == "local_cleanup",
+    "bind_timer": lambda s, sub, i: _timer(i, "bind"),
+    "close_timer": lambda s, sub, i: _timer(i, "close"),
+    "no_unknown": lambda s, sub, i: not any(g.phase in UNRESOLVED for g in s.requests.values()),
+    "requests_live": lambda s, sub, i: not _settled(s),
+    "requests_settled": lambda s, sub, i: _settled(s),
+    "has_cleanup": lambda s, sub, i: s.cleanup,
+    "close_only": lambda s, sub, i: s.close_only,
+    # ---- generation (s: the session, sub: the generation)
+    "answers_view": lambda s, sub, i: _call_op(i) == "view",
+    "answers_generate": lambda s, sub, i: _call_op(i) == "generate",
+    "session_active": lambda s, sub, i: s.phase == "BOUND",
+    "session_closing": lambda s, sub, i: s.phase != "BOUND",
+    "servable": lambda s, sub, i: isinstance(i, Answer) and bool(i.value),
+    "version_unavailable": lambda s, sub, i: isinstance(i, Refusal) and i.reason == Reason.VERSION_UNAVAILABLE
+    and bool(i.origin),
+    "engines_left": lambda s, sub, i: isinstance(i, Refusal) and bool(sub.engines - sub.refused - {i.origin}),
 }
 
 # ---------------------------------------------------------------- command builders
@@ -509,6 +644,30 @@ def _sub_timer(sub: Any) -> Timer:
     return Timer("engine", sub.order.engine)
 
 
+def _session_submit(s: SessionState, op: str, event: Any) -> Built:
+    return s, (Submit(Call(op), event, session_key(s, {"begin_close": "bclose"}.get(op, op))),)
+
+
+def _open_request(s: SessionState, sub: None, i: DriverInput) -> Built:
+    assert isinstance(i, Generate) and s.version is not None
+    g = GenerationState("VIEWING", i.rid)
+    return attrs.evolve(s, requests=s.requests.set(i.rid, g)), (ViewDispatch(Call("view", i.rid), s.version),)
+
+
+def _abort_requests(s: SessionState, sub: None, i: DriverInput) -> Built:
+    """Every generation sent or unknown is aborted (one sent and being resolved has its abort in flight)."""
+    requests, commands = dict(s.requests), []
+    for rid, g in sorted(s.requests.items()):
+        if g.phase in ("SENDING", "UNKNOWN"):
+            requests[rid] = attrs.evolve(g, phase="ABORTING")
+            commands.append(AbortGeneration(Call("abort", rid), g.attempt_rid))
+    return attrs.evolve(s, requests=Map(requests)), tuple(commands)
+
+
+def _send_generate(g: GenerationState, s: SessionState, i: DriverInput) -> Built:
+    return g, (SendGeneration(Call("generate", g.rid), g.attempt_rid, s.lora_name, g.engines - g.refused),)
+
+
 BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "start_begins": lambda s, sub, i: _start_calls(s, "begin", "begin", "BEGINNING"),
     "submit_reserve": lambda s, sub, i: (s, (Submit(Call("reserve"), Reserve(s.version, s.digest, s.fence),
@@ -560,6 +719,27 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
         f"confirm:{e.order.reclaim_id}:{e.order.engine}"),)),
     "note_reclaimed": lambda e, sub, i: (attrs.evolve(
         e, reclaimed=isinstance(_result(i), ReclaimConfirmed) and _result(i).state is VersionState.RECLAIMED), ()),
+    # ---- session
+    "submit_bind": lambda s, sub, i: _session_submit(s, "bind", BindFirst(s.session)),
+    "submit_begin_close": lambda s, sub, i: _session_submit(s, "begin_close", BeginClose(s.session)),
+    "submit_close": lambda s, sub, i: _session_submit(s, "close", CloseAndRelease(s.session)),
+    "arm_bind": lambda s, sub, i: (s, (Arm(Timer("bind"), "report"),)),
+    "disarm_bind": lambda s, sub, i: (s, (Disarm(Timer("bind")),)),
+    "arm_close": lambda s, sub, i: (s, (Arm(Timer("close"), "report"),)),
+    "disarm_close": lambda s, sub, i: (s, (Disarm(Timer("close")),)),
+    "note_binding": lambda s, sub, i: (attrs.evolve(s, version=_result(i).version, lora_name=_result(i).lora_name)
+                                       if isinstance(_result(i), Bound) else s, ()),
+    "open_request": _open_request,
+    "abort_requests": _abort_requests,
+    "run_cleanup": lambda s, sub, i: (s, (LocalCleanup(Call("local_cleanup")),)),
+    # ---- generation
+    "note_engines": lambda g, s, i: (attrs.evolve(g, engines=frozenset(i.value)) if isinstance(i, Answer) else g,
+                                     ()),
+    "note_refused": lambda g, s, i: (attrs.evolve(g, refused=g.refused | {i.origin})
+                                     if isinstance(i, Refusal) else g, ()),
+    "send_generate": _send_generate,
+    "send_abort": lambda g, s, i: (g, (AbortGeneration(Call("abort", g.rid), g.attempt_rid),)),
+    "hang_up": lambda g, s, i: (g, (HangUp(Call("generate", g.rid)),)),
 }
 
 # ---------------------------------------------------------------- step
@@ -571,10 +751,13 @@ MACHINE_OF: dict[type, Driver] = {
     CleanupEngineState: Driver.CLEANUP_ENGINE,
     ReclaimState: Driver.RECLAIM,
     ReclaimEngineState: Driver.RECLAIM_ENGINE,
+    SessionState: Driver.SESSION,
+    GenerationState: Driver.GENERATION,
 }
 INPUT_KIND: dict[type, Input] = {
     Start: Input.START, Answer: Input.ANSWER, Refusal: Input.REFUSAL, Lost: Input.LOST,
-    Deadline: Input.DEADLINE, Cancel: Input.CANCEL, Settled: Input.SETTLED,
+    Deadline: Input.DEADLINE, Cancel: Input.CANCEL, Settled: Input.SETTLED, Bind: Input.BIND,
+    Generate: Input.GENERATE, Resolve: Input.RESOLVE, Finish: Input.FINISH,
 }  # fmt: skip
 
 
@@ -597,7 +780,18 @@ def _engine_of(inp: DriverInput) -> str:
         return inp.call.engine
     if isinstance(inp, Deadline):
         return inp.timer.engine
+    if isinstance(inp, (Generate, Resolve, Cancel)):
+        return inp.rid
     return ""
+
+
+def subs_of(state: Any) -> Any:
+    """A coordinator's sub-machines by key: its engines', or a session's generations by request id."""
+    return state.requests if isinstance(state, SessionState) else state.engines
+
+
+def _with_subs(state: Any, subs: Any) -> Any:
+    return attrs.evolve(state, requests=subs) if isinstance(state, SessionState) else attrs.evolve(state, engines=subs)
 
 
 @attrs.frozen
@@ -651,7 +845,12 @@ class Drivers:
             if reason is not None and r.target != SAME:
                 target = attrs.evolve(target, reason=reason)
             if r.report is not None:
-                commands.append(Report(r.report, target.reason))
+                subject = _engine_of(inp) if r.to == "request" else r.to
+                # A session's report answers one caller's request: its reason is this input's, never an earlier one.
+                why = reason if isinstance(target, SessionState) else target.reason
+                commands.append(Report(r.report, r.reason or why, subject))
+        elif r.report is not None:  # a generation's outcome, for the caller of its request id
+            commands.append(Report(r.report, r.reason or _reason(inp), sub.rid))
         return target, tuple(commands), r.id
 
     def step(self, state: DriverState, inp: DriverInput) -> DriverStep:
@@ -659,13 +858,12 @@ class Drivers:
         then, if that sub-machine just finished, its coordinator with `Settled`; else the coordinator."""
         engine = _engine_of(inp)
         running = state.phase not in TERMINAL[MACHINE_OF[type(state)]]
-        sub = state.engines.get(engine) if engine and running else None
+        sub = subs_of(state).get(engine) if engine and running else None
         if sub is None:
             new, commands, fired = self._fire(state, None, inp)
             return DriverStep(new, commands, (fired,))
         new_sub, commands, fired = self._fire(state, sub, inp)
-        engines: Any = state.engines
-        state = attrs.evolve(state, engines=engines.set(engine, new_sub))
+        state = _with_subs(state, subs_of(state).set(engine, new_sub))
         settles = SETTLES[MACHINE_OF[type(sub)]]
         if new_sub.phase in settles and new_sub.phase != sub.phase:
             state, more, coordinator = self._fire(state, None, Settled(engine))
@@ -683,6 +881,27 @@ def is_done(state: DriverState) -> bool:
 def failed_engines(state: StageState) -> tuple[str, ...]:
     """The engines whose staging failed (their sub-machine's `failure` says why), by name."""
     return tuple(sorted(name for name, e in state.engines.items() if e.phase == "FAILED"))
+
+
+def unresolved_requests(state: SessionState) -> tuple[str, ...]:
+    """The request ids whose generation may have been accepted by an engine (not resolved yet)."""
+    return tuple(sorted(rid for rid, g in state.requests.items() if g.phase in UNRESOLVED))
+
+
+def requests_in_flight(state: SessionState) -> tuple[str, ...]:
+    """The request ids being dispatched or sent now (their caller waits for the response)."""
+    return tuple(sorted(rid for rid, g in state.requests.items() if g.phase in ("VIEWING", "SENDING")))
+
+
+def aborted_requests(state: SessionState) -> tuple[str, ...]:
+    """The request ids the session's close aborted."""
+    return tuple(sorted(rid for rid, g in state.requests.items() if g.phase == "ABORTED"))
+
+
+def in_flight_rid(state: SessionState, rid: str) -> str | None:
+    """The engine's request id of `rid`'s generation while it is sent (a temporary abort's target), else None."""
+    g = state.requests.get(rid)
+    return g.attempt_rid if g is not None and g.phase == "SENDING" else None
 
 
 def confirmed_engines(state: ReclaimState) -> tuple[str, ...]:

@@ -16,7 +16,11 @@ itself. Commands run as tasks of their own, one I/O each:
   `EngineUnreachable` or a timeout is `Lost`.
 * `Arm`/`Disarm`: a timer (seconds from the caller's `seconds(deadline_name)`); when it fires, `Deadline`.
 * `Report`: the outcome for the caller; the first one answers `reported()`, the one made when the
-  driver reaches its terminal phase answers `finished()`.
+  driver reaches its terminal phase answers `finished()`. A session's reports name a subject ("bind", "finish", a
+  request id): each answers the callers that `ask`ed about that subject since its last report.
+* A session's own calls (`ViewDispatch`, `SendGeneration`, `AbortGeneration`, `LocalCleanup`) are run by the
+  caller's `perform` (the SessionBinder's, which holds the backend and the requests' payloads); `HangUp` cancels
+  the named call's task at once (an HTTP generation's engine sees its client go).
 
 The loop ends when the driver is in a terminal phase; calls still in flight then are cancelled (their
 outcome would land on a "late" row anyway). The loop task is not tied to the caller: a caller that stops
@@ -27,8 +31,9 @@ commit being resolved.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 from versioned_lora.lifecycle.drivers import (
@@ -47,7 +52,9 @@ from versioned_lora.lifecycle.drivers import (
     Drivers,
     DriverState,
     DropLink,
+    HangUp,
     Lost,
+    ReclaimEngine,
     Refusal,
     Reply,
     Report,
@@ -84,11 +91,16 @@ class DriverLoop:
         candidate: Any = None,
         probe_check: Callable[[Any], bool] | None = None,
         on_step: Callable[[Any, Any], None] | None = None,
+        perform: Callable[[Any], Awaitable[DriverInput]] | None = None,
+        start: bool = True,
+        on_fired: Callable[[str], None] | None = None,
     ) -> None:
         self.state = state
         self.candidate = candidate  # what `StageEngine` ships (a staging driver's loop)
         self.probe_check = probe_check  # `CheckProbe`: an `end` receipt -> matches the reference
         self._on_step = on_step or (lambda before, after: None)  # the caller's clock: (state before, after)
+        self._perform = perform  # the calls this loop does not know (a session's): command -> its outcome
+        self._on_fired = on_fired or (lambda row: None)
         self.registry = registry
         self.engines = engines
         self.seconds = seconds
@@ -98,13 +110,16 @@ class DriverLoop:
         self.answers: list[Any] = []  # every registry result the driver received (the commit's receipt...)
         self._inbox: asyncio.Queue[DriverInput] = asyncio.Queue()
         self._timers: dict[Timer, asyncio.TimerHandle] = {}
-        self._calls: set[asyncio.Task[None]] = set()
+        self._calls: dict[Call, asyncio.Task[None]] = {}
+        self._asked: dict[str, list[asyncio.Future[Report]]] = {}  # subject -> callers waiting for its next report
         self._retries: dict[str, int] = {}  # registry key or engine call -> times lost in a row so far
         self.failures: dict[Call, str] = {}  # what a refused or lost call said (for the caller's detail)
+        self._answers: dict[Call, Any] = {}
         loop = asyncio.get_running_loop()
         self._reported: asyncio.Future[Report] = loop.create_future()
         self._finished: asyncio.Future[Report] = loop.create_future()
-        self._inbox.put_nowait(Start())  # first in the inbox, before anything else can be
+        if start:  # first in the inbox, before anything else can be (a session waits for its caller instead)
+            self._inbox.put_nowait(Start())
         self._task = asyncio.ensure_future(self._run())
 
     # ---- the caller's side
@@ -124,6 +139,25 @@ class DriverLoop:
         """The caller stops waiting: an input like any other (the table says what it ends)."""
         self._inbox.put_nowait(Cancel())
 
+    def ask(self, inp: DriverInput, subject: str) -> asyncio.Future[Report]:
+        """Feed a caller's input; the future answers with the next report to `subject` (cancelling it cancels
+        nothing the driver does)."""
+        future: asyncio.Future[Report] = asyncio.get_running_loop().create_future()
+        if self._task.done():
+            future.set_exception(RuntimeError(f"the driver has ended in {self.state.phase}"))
+            return future
+        self._asked.setdefault(subject, []).append(future)
+        self._inbox.put_nowait(inp)
+        return future
+
+    def put(self, inp: DriverInput) -> None:
+        """Feed an input no caller waits on (a caller's cancellation)."""
+        self._inbox.put_nowait(inp)
+
+    def answer_of(self, call: Call) -> Any:
+        """The last answer `call` received (a generation's response), if any."""
+        return self._answers.get(call)
+
     # ---- the owning task
     async def _run(self) -> None:
         try:
@@ -133,6 +167,8 @@ class DriverLoop:
                 before, self.state = self.state, step.state
                 self._on_step(before, self.state)
                 self.fired += step.fired
+                for row in step.fired:
+                    self._on_fired(row)
                 for command in step.commands:
                     self._execute(command)
         except asyncio.CancelledError:  # the event loop is shutting down: nobody will read an outcome
@@ -140,21 +176,27 @@ class DriverLoop:
                 future.cancel()
             raise
         except Exception as exc:  # a ProtocolError is a bug: surface it to every waiter
-            for future in (self._reported, self._finished):
+            for future in (self._reported, self._finished, *(f for fs in self._asked.values() for f in fs)):
                 if not future.done():
                     future.set_exception(exc)
             raise
         finally:
             for handle in self._timers.values():
                 handle.cancel()
-            for task in self._calls:
+            for task in self._calls.values():
                 task.cancel()
+            for future in (f for fs in self._asked.values() for f in fs):  # a table bug: a subject never told
+                if not future.done():
+                    future.set_exception(RuntimeError(f"the driver ended in {self.state.phase} without a report"))
         if not self._finished.done():  # a terminal phase reached without a report is a table bug
             self._finished.set_exception(RuntimeError(f"driver ended in {self.state.phase} without a report"))
 
     def _execute(self, command: Command) -> None:
         if isinstance(command, Report):
             self.reports.append(command)
+            for future in self._asked.pop(command.subject, []) if command.subject else []:
+                if not future.done():  # a caller that stopped waiting cancelled its own future only
+                    future.set_result(command)
             if not self._reported.done():
                 self._reported.set_result(command)
             if is_done(self.state) and not self._finished.done():
@@ -169,10 +211,18 @@ class DriverLoop:
             self._disarm(command.timer)
         elif isinstance(command, DropLink):
             self.engines[command.engine].drop_link()
+        elif isinstance(command, HangUp):
+            task = self._calls.pop(command.call, None)
+            if task is not None:
+                task.cancel()
         else:
             task = asyncio.ensure_future(self._io(command))
-            self._calls.add(task)
-            task.add_done_callback(self._calls.discard)
+            self._calls[command.call] = task
+            task.add_done_callback(functools.partial(self._forget, command.call))
+
+    def _forget(self, call: Call, task: asyncio.Future[None]) -> None:
+        if self._calls.get(call) is task:  # not a newer call of the same name (a retry, a re-dispatch)
+            del self._calls[call]
 
     def _disarm(self, timer: Timer) -> None:
         handle = self._timers.pop(timer, None)
@@ -182,6 +232,8 @@ class DriverLoop:
     async def _io(self, command: Call_) -> None:
         try:
             outcome = await self._outcome(command)
+            if isinstance(outcome, Answer):
+                self._answers[command.call] = outcome.value
         except Exception:  # outside the port's contract: we cannot know whether it landed
             logger.exception("%s on %s raised outside the port's contract: outcome unknown", command.call.op,
                              command.call.engine or "registry")
@@ -200,6 +252,9 @@ class DriverLoop:
                 self._retries.pop(retry, None)
                 self.answers.append(answer.result)
                 return Answer(call, Reply(answer.result, answer.effects, answer.capabilities))
+            if not isinstance(command, (CheckProbe, StageEngine, CleanupEngine, ReclaimEngine)):
+                assert self._perform is not None, f"{type(command).__name__} needs the caller's perform"
+                return await self._perform(command)
             if isinstance(command, CheckProbe):
                 assert self.probe_check is not None, "a staging loop needs the caller's probe check"
                 return Answer(call, bool(self.probe_check(command.receipt)))

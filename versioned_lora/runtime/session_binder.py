@@ -1,62 +1,73 @@
 """SessionBinder: binds each agentic session to one LoRA version at its first generation (RFC §4).
 
-The binding lives on the session's local record (Relax's `_SessionRecord`), not on any one request:
+It executes the session driver of `spec/drivers.py` (machines `session` and `generation`), one `DriverLoop`
+per session: the rows decide, this module carries out their commands and turns their reports into return
+values and exceptions. What the rows say, in short:
 
-* `bind_first` runs through one shared task per session; every waiter awaits it under
-  `asyncio.shield`, so cancelling one waiter (one IR) cancels nothing else and never makes a later
-  request choose again.
-* every backend request carries the bound `lora_path` and the engines the registry says the version
-  is servable on now (the dispatch gate); a RECLAIMING or RECLAIMED version is refused before the
-  request leaves the process. An engine that refuses the version (VERSION_UNAVAILABLE: it restarted
-  and the registry has not adopted its new incarnation yet) gets the same binding sent elsewhere.
-* a generation whose acceptance is unknown (`OutcomeUnknown`) is never resent: it surfaces to the
-  caller, and the session refuses new generations until the caller resolves it (`resolve_unknown`
-  aborts that rid). Retries after known failures are the agentic layer's decision.
-* a response that arrives after the session started closing is dropped; nothing is reopened.
-* `finish` (Relax's `_finish_session_once`): FINALIZING locally → `begin_close` in the registry →
-  wait for the bind task → abort issued requests → local cleanup → `close_and_release` once → drop
-  the record. Concurrent or repeated `finish` calls share that one task.
+* the one shared bind: every waiter's `Bind` waits for the one call, under a key derived from the session key;
+  cancelling a waiter cancels nothing else. A bind whose answer does not come in time is UNKNOWN to its waiters
+  (nothing is dispatched) while the same call is retried until answered.
+* every generation asks the registry's dispatch view first (the gate, `dispatch_gate.DispatchGate`) and goes only
+  to engines where the version is servable now, carrying the bound `lora_path`; a RECLAIMING or RECLAIMED version
+  is refused before the request leaves the process. An engine that refuses the version (VERSION_UNAVAILABLE: it
+  restarted and the registry has not adopted its new incarnation yet) gets the same binding sent elsewhere.
+* a generation whose acceptance is unknown (`OutcomeUnknown`, or its caller gone) is never resent: it surfaces
+  to the caller, and the session refuses new generations until `resolve_unknown` aborts that rid.
+* `finish` (Relax's `_finish_session_once`): begin_close → abort what is in flight or unknown → the caller's
+  local cleanup → close_and_release once. Concurrent or repeated `finish` calls wait for that one close; a
+  response that arrives after the session began closing is dropped.
 """
-
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import uuid
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from typing import Any
 
 import attrs
 
-from versioned_lora.lifecycle import (
-    BeginClose,
-    BindFirst,
-    Bound,
-    CloseAndRelease,
-    Closed,
-    Reason,
-    RegistryEffect,
-    Rejected,
-    SessionKey,
-    VersionKey,
+from versioned_lora.lifecycle import Closed, Reason, RegistryEffect, SessionKey, VersionKey, drivers
+from versioned_lora.lifecycle.drivers import (
+    AbortGeneration,
+    Answer,
+    Bind,
+    Call,
+    Cancel,
+    DriverInput,
+    Finish,
+    Generate,
+    LocalCleanup,
+    Lost,
+    Refusal,
+    Report,
+    Resolve,
+    SendGeneration,
+    ViewDispatch,
 )
+from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.dispatch_gate import DispatchGate, VersionUnavailable
+from versioned_lora.runtime.driver_loop import DriverLoop
 from versioned_lora.runtime.interfaces import (
     BackendFailure,
     BackendRequest,
     BackendResponse,
     GenerationBackend,
     OutcomeUnknown,
+    RegistryAnswer,
     RegistryPort,
+    RegistryUnavailable,
 )
+from versioned_lora.runtime.views import DispatchView, PublicationView
+from versioned_lora.spec.drivers import DriverOutcome, SessionRefusal
+from versioned_lora.spec.events import RegistryEvent
+from versioned_lora.spec.states import VersionState
 
 __all__ = [
     "Binding",
     "CloseReport",
     "LateResponseDropped",
-    "LocalPhase",
     "NoPublishedVersion",
+    "RidInUse",
     "SessionBinder",
     "SessionClosed",
     "SessionEntry",
@@ -77,18 +88,16 @@ class NoPublishedVersion(Exception):
     """No version is published yet (before the bootstrap commit); nothing was bound, try later."""
 
 
+class RidInUse(ValueError):
+    """A request id this session has used already (ids are unique per session, as the engine needs them)."""
+
+
 class UnresolvedOutcome(Exception):
     """An earlier generation of this session may have been accepted by the engine; resolve it first."""
 
     def __init__(self, rids: Sequence[str]) -> None:
         super().__init__(f"unresolved generation outcome for {list(rids)}; resolve_unknown() before a new attempt")
         self.rids = tuple(rids)
-
-
-class LocalPhase(enum.StrEnum):
-    ACTIVE = "ACTIVE"
-    FINALIZING = "FINALIZING"
-    CLOSED = "CLOSED"
 
 
 @attrs.frozen
@@ -105,24 +114,64 @@ class CloseReport:
     effects: tuple[RegistryEffect, ...]  # e.g. ReclaimEligible, for the Reclaimer
 
 
-@attrs.define(eq=False)
 class SessionEntry:
-    """The local session record: its key, its binding and what it has in flight."""
+    """The local session record: its key, and the driver loop that holds its state (binding, generations)."""
 
-    key: SessionKey
-    session_id: str
-    phase: LocalPhase = LocalPhase.ACTIVE
-    binding: Binding | None = None
-    bind_task: asyncio.Task[Binding] | None = None
-    close_task: asyncio.Task[CloseReport] | None = None
-    # Idempotency keys, fixed per record: a retried registry call is the same call.
-    bind_key: str = attrs.field(factory=lambda: f"bind:{uuid.uuid4().hex}")
-    close_keys: tuple[str, str] = attrs.field(
-        factory=lambda: (f"bclose:{uuid.uuid4().hex}", f"close:{uuid.uuid4().hex}")
-    )
-    issued: dict[str, BackendRequest] = attrs.field(factory=dict)  # sent, no answer yet
-    unknown: dict[str, BackendRequest] = attrs.field(factory=dict)  # acceptance unknown, unresolved
-    generations: int = 0
+    def __init__(self, key: SessionKey, session_id: str) -> None:
+        self.key, self.session_id = key, session_id
+        self.loop: DriverLoop | None = None  # started at the first call (a loop needs the running event loop)
+        self.payloads: dict[str, tuple[tuple[int, ...], int, dict[str, Any]]] = {}  # rid -> what it generates
+        self.errors: dict[Call, BaseException] = {}  # what a refused or lost call raised (the caller's exception)
+        self.close_report: CloseReport | None = None  # the one report every finish of this record returns
+        self.generations = 0
+
+    @property
+    def state(self) -> drivers.SessionState | None:
+        return None if self.loop is None else self.loop.state  # type: ignore[return-value]
+
+    @property
+    def binding(self) -> Binding | None:
+        state = self.state
+        if state is None or state.version is None:
+            return None
+        return Binding(state.version, state.lora_name)
+
+    @property
+    def issued(self) -> tuple[str, ...]:
+        """Request ids being dispatched or sent now."""
+        return () if self.state is None else drivers.requests_in_flight(self.state)
+
+    @property
+    def unknown(self) -> tuple[str, ...]:
+        """Request ids whose acceptance is unknown (unresolved)."""
+        return () if self.state is None else drivers.unresolved_requests(self.state)
+
+
+class _PortOf:
+    """The registry port as the binder has it now (callers may swap `SessionBinder._registry`, e.g. tests)."""
+
+    def __init__(self, binder: SessionBinder) -> None:
+        self._binder = binder
+
+    async def submit(self, event: RegistryEvent, key: str | None = None) -> RegistryAnswer:
+        return await self._binder._registry.submit(event, key=key)
+
+    async def submit_batch(
+        self, events: Sequence[RegistryEvent], key: str | None = None
+    ) -> tuple[RegistryAnswer, ...]:
+        return await self._binder._registry.submit_batch(events, key=key)
+
+    async def version_states(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, VersionState]:
+        return await self._binder._registry.version_states(versions)
+
+    async def dispatch_view(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, DispatchView]:
+        return await self._binder._registry.dispatch_view(versions)
+
+    async def state_digest(self) -> str:
+        return await self._binder._registry.state_digest()
+
+    async def publication_view(self) -> PublicationView:
+        return await self._binder._registry.publication_view()
 
 
 Cleanup = Callable[[SessionEntry], Awaitable[None]]
@@ -141,16 +190,20 @@ class SessionBinder:
         gate: DispatchGate | None = None,
         cleanup: Cleanup | None = None,
         on_effects: EffectSink | None = None,
+        deadlines: Deadlines | None = None,
     ) -> None:
         """`shard` must be unique to this binder's lifetime within the epoch (e.g. one per session-service
         incarnation), or `first_seq` above every seq it used before: the registry refuses a seq it has
-        already closed, by design."""
+        already closed, by design. `deadlines.report` bounds how long a caller waits for the bind's or the
+        close's answer before it is told the outcome is unknown (the call itself goes on until answered)."""
         self._registry = registry
+        self._port = _PortOf(self)
         self._backend = backend
         self._epoch, self._shard, self._next_seq = epoch, shard, first_seq
         self.gate = gate or DispatchGate(registry)
         self._cleanup = cleanup
         self._on_effects = on_effects
+        self.deadlines = deadlines or Deadlines()
         self._records: dict[SessionKey, SessionEntry] = {}
         self.dropped_late_responses = 0
         self.redispatched = 0  # requests sent again, same binding, after an engine refused the version
@@ -174,37 +227,38 @@ class SessionBinder:
     def open_sessions(self) -> Mapping[SessionKey, SessionEntry]:
         return self._records
 
-    def _active(self, key: SessionKey) -> SessionEntry:
+    def _entry(self, key: SessionKey) -> SessionEntry:
         entry = self._records.get(key)
-        if entry is None or entry.phase is not LocalPhase.ACTIVE:
-            raise SessionClosed(f"session {key} is {entry.phase if entry else 'not open here'}")
+        if entry is None:
+            raise SessionClosed(f"session {key} is not open here")
         return entry
+
+    def _loop(self, entry: SessionEntry, *, close_only: bool = False) -> DriverLoop:
+        if entry.loop is None:
+            entry.loop = DriverLoop(
+                drivers.session(entry.key, cleanup=self._cleanup is not None, close_only=close_only),
+                self._port, {}, lambda name: float(getattr(self.deadlines, name)), start=False,
+                perform=lambda command: self._perform(entry, command), on_fired=self._count)
+        return entry.loop
+
+    def _count(self, row: str) -> None:
+        if row == "generate.redispatch":
+            self.redispatched += 1
 
     # ---- binding
     async def bind_first(self, key: SessionKey) -> Binding:
-        entry = self._active(key)
-        if entry.binding is not None:
-            return entry.binding
-        if entry.bind_task is None:
-            entry.bind_task = asyncio.create_task(self._bind(entry), name=f"bind_first{tuple(key)}")
-        return await asyncio.shield(entry.bind_task)
-
-    async def _bind(self, entry: SessionEntry) -> Binding:
-        try:
-            answer = await self._registry.submit(BindFirst(entry.key), key=entry.bind_key)
-        except BaseException:
-            entry.bind_task = None  # unknown whether it bound; the next call retries the same key
-            raise
-        result = answer.result
-        if isinstance(result, Bound):
-            entry.binding = Binding(result.version, result.lora_name)
-            return entry.binding
-        entry.bind_task = None
-        if isinstance(result, Rejected) and result.reason is Reason.NO_PUBLISHED_VERSION:
-            raise NoPublishedVersion(f"session {entry.key}: no published version yet")
-        if isinstance(result, Rejected) and result.reason is Reason.SESSION_CLOSED:
-            raise SessionClosed(f"session {entry.key} is closed in the registry")
-        raise RuntimeError(f"unexpected bind answer for {entry.key}: {result!r}")
+        entry = self._entry(key)
+        report = await self._loop(entry).ask(Bind(), "bind")
+        if report.outcome is DriverOutcome.BOUND:
+            binding = entry.binding
+            assert binding is not None
+            return binding
+        if report.outcome is DriverOutcome.UNKNOWN:
+            raise RegistryUnavailable(f"session {key}: the bind's outcome is unknown past its deadline; nothing is "
+                                      "dispatched, and the same bind is retried until answered")
+        if report.reason == Reason.NO_PUBLISHED_VERSION:
+            raise NoPublishedVersion(f"session {key}: no published version yet")
+        raise SessionClosed(f"session {key} is closed ({report.reason})")
 
     # ---- generation
     async def generate(
@@ -217,106 +271,126 @@ class SessionBinder:
         rid: str | None = None,
     ) -> BackendResponse:
         """One backend generation attempt, sent once with the session's bound lora_path."""
-        entry = self._active(key)
-        if entry.unknown:
-            raise UnresolvedOutcome(tuple(entry.unknown))
-        binding = await self.bind_first(key)
-        engines = await self.gate.check(binding.version)  # raises VersionUnavailable: refused before leaving
-        refused: set[str] = set()
-        base_rid = rid or f"{entry.session_id}/{uuid.uuid4().hex[:16]}"
-        while True:
-            entry = self._active(key)  # re-check: the session may have started closing while we awaited
-            request = BackendRequest(
-                rid=base_rid if not refused else f"{base_rid}~{len(refused)}",
-                input_ids=tuple(input_ids),
-                lora_path=binding.lora_path,
-                max_new_tokens=max_new_tokens,
-                sampling=dict(sampling or {}),
-                engines=engines - refused,
-            )
-            try:
-                return await self._send(key, entry, request)
-            except BackendFailure as failure:
-                # An engine the registry still counts as serving the version refused it: it restarted and the
-                # registry has not adopted its new incarnation yet. The request certainly did not run there;
-                # the same binding goes to another engine of the view, never to another version.
-                if failure.reason != Reason.VERSION_UNAVAILABLE or failure.engine is None:
-                    raise
-                refused.add(failure.engine)
-                if not engines - refused:
-                    raise
-                self.redispatched += 1
-
-    async def _send(self, key: SessionKey, entry: SessionEntry, request: BackendRequest) -> BackendResponse:
-        entry.issued[request.rid] = request
+        entry = self._entry(key)
+        await self.bind_first(key)
+        rid = rid or f"{entry.session_id}/{uuid.uuid4().hex[:16]}"  # the caller's request id (not a driver key)
+        entry.payloads.setdefault(rid, (tuple(input_ids), max_new_tokens, dict(sampling or {})))
+        loop = self._loop(entry)
+        asked = loop.ask(Generate(rid), rid)
         try:
-            response = await self._backend.generate(request)
-        except (OutcomeUnknown, asyncio.CancelledError):
-            # Accepted or not, we cannot tell: remember it, never resend it here.
-            entry.unknown[request.rid] = request
+            report = await asked
+        except asyncio.CancelledError:
+            loop.put(Cancel(rid))  # the caller went away: the table says what that ends
             raise
-        finally:
-            entry.issued.pop(request.rid, None)
-        if entry.phase is not LocalPhase.ACTIVE:
+        call = Call("generate", rid)
+        if report.outcome is DriverOutcome.GENERATED:
+            entry.generations += 1
+            response: BackendResponse = loop.answer_of(call)
+            return response
+        if report.outcome is DriverOutcome.DROPPED:
             self.dropped_late_responses += 1
-            raise LateResponseDropped(f"session {key} is {entry.phase}: response {request.rid} dropped")
-        entry.generations += 1
-        return response
+            raise LateResponseDropped(f"session {key} is closing: response {rid} dropped")
+        if report.outcome is DriverOutcome.UNKNOWN:
+            raise entry.errors.get(call) or OutcomeUnknown(f"{rid}: outcome unknown")
+        raise self._refusal(entry, report, rid)
+
+    def _refusal(self, entry: SessionEntry, report: Report, rid: str) -> BaseException:
+        reason = report.reason
+        if reason == SessionRefusal.UNRESOLVED_OUTCOME:
+            return UnresolvedOutcome(entry.unknown)
+        if reason == SessionRefusal.RID_IN_USE:
+            return RidInUse(f"session {entry.key}: request id {rid!r} was used already")
+        if reason in (SessionRefusal.NOT_SERVABLE, SessionRefusal.VIEW_UNAVAILABLE):
+            return entry.errors.get(Call("view", rid)) or RuntimeError(f"{rid}: {reason}")
+        failure = entry.errors.get(Call("generate", rid))
+        if failure is not None:  # the engine's own refusal
+            return failure
+        return SessionClosed(f"session {entry.key}: {reason}")
+
+    async def _perform(self, entry: SessionEntry, command: Any) -> DriverInput:
+        """Carry out one of the session driver's calls and say how it ended."""
+        call = command.call
+        try:
+            if isinstance(command, ViewDispatch):
+                try:
+                    return Answer(call, await self.gate.check(command.version))
+                except VersionUnavailable as unavailable:
+                    entry.errors[call] = unavailable
+                    return Answer(call, frozenset())
+            if isinstance(command, SendGeneration):
+                input_ids, max_new_tokens, sampling = entry.payloads[call.engine]
+                request = BackendRequest(rid=command.rid, input_ids=input_ids, lora_path=command.lora_name,
+                                         max_new_tokens=max_new_tokens, sampling=sampling, engines=command.engines)
+                try:
+                    return Answer(call, await self._backend.generate(request))
+                except BackendFailure as failure:
+                    entry.errors[call] = failure
+                    return Refusal(call, str(failure.reason or "BACKEND_FAILURE"), origin=failure.engine or "")
+            if isinstance(command, AbortGeneration):
+                await self._backend.abort(command.rid)
+                return Answer(call)
+            assert isinstance(command, LocalCleanup) and self._cleanup is not None
+            await self._cleanup(entry)
+            return Answer(call)
+        except Exception as exc:  # the call's outcome is not known (an OutcomeUnknown, a registry read, a hook)
+            entry.errors[call] = exc
+            return Lost(call)
 
     async def abort(self, key: SessionKey, rid: str) -> None:
         """Temporary abort of an in-flight generation (Relax's abort/resume): the session keeps its
-        binding and its ref; the aborted call returns its partial output, and a resume is a new attempt."""
-        entry = self._active(key)
-        if rid in entry.issued:
-            await self._backend.abort(rid)
+        binding and its ref; the aborted call returns its partial output, and a resume is a new attempt.
+        It changes nothing the session driver holds, so it is passed straight to the engine."""
+        entry = self._entry(key)
+        target = None if entry.state is None else drivers.in_flight_rid(entry.state, rid)
+        if target is not None:
+            await self._backend.abort(target)
 
     async def resolve_unknown(self, key: SessionKey, rid: str) -> None:
         """End an unknown-outcome attempt on the engine (abort by rid is harmless if it never arrived).
         Once the abort is acknowledged the attempt is a known failure and a new attempt may be made."""
-        entry = self._active(key)
-        if rid in entry.unknown:
-            await self._backend.abort(rid)  # OutcomeUnknown here keeps it unresolved
-            del entry.unknown[rid]
+        entry = self._entry(key)
+        report = await self._loop(entry).ask(Resolve(rid), rid)
+        if report.outcome is DriverOutcome.UNKNOWN:
+            raise entry.errors.get(Call("abort", rid)) or OutcomeUnknown(f"abort of {rid}: outcome unknown")
+        if report.outcome is not DriverOutcome.RESOLVED:
+            raise SessionClosed(f"session {key} is closing: {rid} was aborted by the close")
 
     # ---- close
     async def finish(self, key: SessionKey) -> CloseReport:
         entry = self._records.get(key)
         if entry is None:
-            # Never opened here, or already closed and dropped: the registry writes (or keeps) the
+            # Not held here (never opened, or closed and forgotten): the registry closes it or answers its
             # tombstone; a duplicate close releases nothing there.
-            answer = await self._registry.submit(CloseAndRelease(key))
-            return self._report(key, answer.result, (), answer.effects)
-        if entry.close_task is None:
-            entry.close_task = asyncio.create_task(self._finish(entry), name=f"finish{tuple(key)}")
-        return await asyncio.shield(entry.close_task)
+            entry = SessionEntry(key, "")
+            self._loop(entry, close_only=True)
+        elif entry.state is not None and drivers.is_done(entry.state):
+            # Closed already: its close was resolved after the finish that sent it gave up (UNKNOWN). Row
+            # finish.closed's answer, read here because a finished driver's loop has ended.
+            if entry.close_report is None:
+                entry.close_report = self._close_report(entry)
+            return self._closed(entry)
+        report = await self._loop(entry).ask(Finish(), "finish")
+        if report.outcome is DriverOutcome.CLOSED:
+            if entry.close_report is None:
+                entry.close_report = self._close_report(entry)
+            return self._closed(entry)
+        if report.outcome is DriverOutcome.UNKNOWN:
+            raise RegistryUnavailable(f"session {key}: the close's outcome is unknown past its deadline; the same "
+                                      "calls are retried until answered, and finish() again returns their report")
+        if report.reason == SessionRefusal.CLEANUP_FAILED:
+            raise entry.errors[Call("local_cleanup")]
+        raise RuntimeError(f"the close of {key} was refused: {report.reason}")
 
-    async def _finish(self, entry: SessionEntry) -> CloseReport:
-        try:
-            entry.phase = LocalPhase.FINALIZING  # no new dispatch from here on
-            begin = await self._registry.submit(BeginClose(entry.key), key=entry.close_keys[0])
-            if isinstance(begin.result, Rejected):
-                raise RuntimeError(f"begin_close refused for {entry.key}: {begin.result!r}")
-            if entry.bind_task is not None:
-                await asyncio.wait([entry.bind_task])  # its outcome, whatever it is, before the release
-            aborted = tuple([*entry.issued, *entry.unknown])
-            for rid in aborted:
-                # Best effort: SGLang's own request refcount decides when the adapter is really free.
-                with contextlib.suppress(Exception):
-                    await self._backend.abort(rid)
-            if self._cleanup is not None:
-                await self._cleanup(entry)
-            close = await self._registry.submit(CloseAndRelease(entry.key), key=entry.close_keys[1])
-        except BaseException:
-            entry.close_task = None  # the same keys are reused by the next finish(): still exactly once
-            raise
-        entry.phase = LocalPhase.CLOSED
+    def _closed(self, entry: SessionEntry) -> CloseReport:
         self._records.pop(entry.key, None)
-        return self._report(entry.key, close.result, aborted, close.effects)
+        assert entry.close_report is not None
+        return entry.close_report
 
-    def _report(
-        self, key: SessionKey, result: object, aborted: tuple[str, ...], effects: tuple[RegistryEffect, ...]
-    ) -> CloseReport:
+    def _close_report(self, entry: SessionEntry) -> CloseReport:
+        assert entry.loop is not None and entry.state is not None
+        answer = entry.loop.answer_of(Call("close"))
+        result, effects = answer.result, tuple(answer.effects)
         if effects and self._on_effects is not None:
             self._on_effects(effects)
         released = isinstance(result, Closed) and result.released
-        return CloseReport(key, released, aborted, effects)
+        return CloseReport(entry.key, released, drivers.aborted_requests(entry.state), effects)

@@ -64,6 +64,8 @@ class Driver(StrEnum):
     CLEANUP_ENGINE = "cleanup_engine"  # one engine's cleanup of an aborted attempt, and its report
     RECLAIM = "reclaim"  # one reclaim: claim, then every engine the claim names
     RECLAIM_ENGINE = "reclaim_engine"  # one engine's unload under the reclaim id, and its confirm
+    SESSION = "session"  # one agentic session: its one shared bind, its generations, its close (RFC §4)
+    GENERATION = "generation"  # one generation of a session (a request id): dispatch view, send, unknown, abort
 
 
 class Input(StrEnum):
@@ -74,6 +76,11 @@ class Input(StrEnum):
     DEADLINE = "Deadline"
     CANCEL = "Cancel"
     SETTLED = "Settled"
+    # A session's caller (SessionBinder's methods): each asks once and is told once (a Report to its subject).
+    BIND = "Bind"
+    GENERATE = "Generate"
+    RESOLVE = "Resolve"
+    FINISH = "Finish"
 
 
 class DriverOutcome(StrEnum):
@@ -88,6 +95,24 @@ class DriverOutcome(StrEnum):
     RECLAIMED = "RECLAIMED"
     PENDING = "PENDING"  # claimed; some engine has not confirmed (reclaim again to finish)
     REJECTED = "REJECTED"  # certainly refused before anything changed
+    # A session's outcomes, each told to one subject (the bind's waiters, a request id's, the finish's).
+    BOUND = "BOUND"  # the session's one binding is known
+    GENERATED = "GENERATED"  # the generation's response, for its caller
+    DROPPED = "DROPPED"  # the session began closing: the generation's response (if any) is not delivered
+    RESOLVED = "RESOLVED"  # the unknown generation was ended on the engine (or nothing was unknown under that id)
+    CLOSED = "CLOSED"  # close_and_release answered: the session's ref is released (once)
+
+
+class SessionRefusal(StrEnum):
+    """Why a session refused its caller's request, before anything left the process (REJECTED's reason)."""
+
+    NOT_BOUND = "NOT_BOUND"  # a generation before the session's bind is known (the binder binds first)
+    UNRESOLVED_OUTCOME = "UNRESOLVED_OUTCOME"  # an earlier generation's outcome is unknown: resolve it first
+    SESSION_CLOSED = "SESSION_CLOSED"  # the session is closing or closed: nothing is dispatched
+    NOT_SERVABLE = "NOT_SERVABLE"  # the registry's dispatch view: the version is servable on no engine now
+    VIEW_UNAVAILABLE = "VIEW_UNAVAILABLE"  # the dispatch view could not be read: nothing was sent
+    RID_IN_USE = "RID_IN_USE"  # a request id this session used already
+    CLEANUP_FAILED = "CLEANUP_FAILED"  # the caller's own local cleanup raised: nothing released; finish again
 
 
 PHASES: dict[Driver, tuple[str, ...]] = {
@@ -101,6 +126,13 @@ PHASES: dict[Driver, tuple[str, ...]] = {
     Driver.CLEANUP_ENGINE: ("CLEANING", "WAITING_IDLE", "RECORDING", "RECORDING_UNKNOWN", "CLEANED", "UNCONFIRMED"),
     Driver.RECLAIM: ("IDLE", "CLAIMING", "RECLAIMING", "DONE"),
     Driver.RECLAIM_ENGINE: ("UNLOADING", "CONFIRMING", "CONFIRMED", "UNCONFIRMED"),
+    # BIND_UNKNOWN: the bind's deadline fired while its call (retried after each loss) may still land: nothing is
+    # dispatched until it is answered. ABORTING: begin_close answered; each live generation is being aborted.
+    Driver.SESSION: ("OPEN", "BINDING", "BIND_UNKNOWN", "BOUND", "CLOSING", "ABORTING", "CLEANING_UP",
+                     "CLEANUP_FAILED", "RELEASING", "CLOSED"),
+    # UNKNOWN: the engine may have accepted it (its reply lost, its caller gone): never resent; `Resolve` aborts it.
+    Driver.GENERATION: ("VIEWING", "SENDING", "UNKNOWN", "RESOLVING", "ABORTING", "DONE", "FAILED", "RESOLVED",
+                        "ABORTED"),
 }
 # The phases in which a sub-machine is finished with its engine (its coordinator is told `Settled`).
 TERMINAL: dict[Driver, frozenset[str]] = {
@@ -110,6 +142,8 @@ TERMINAL: dict[Driver, frozenset[str]] = {
     Driver.CLEANUP_ENGINE: frozenset({"CLEANED", "UNCONFIRMED"}),
     Driver.RECLAIM: frozenset({"DONE"}),
     Driver.RECLAIM_ENGINE: frozenset({"CONFIRMED", "UNCONFIRMED"}),
+    Driver.SESSION: frozenset({"CLOSED"}),
+    Driver.GENERATION: frozenset({"DONE", "FAILED", "RESOLVED", "ABORTED"}),
 }
 # The phases whose entry tells the coordinator `Settled`: the terminal ones, and for staging WAITING too (the
 # RFC §3.2 barrier: the coordinator sends the next call once every engine is WAITING).
@@ -125,6 +159,9 @@ INPUTS: dict[Driver, tuple[Input, ...]] = {
     Driver.RECLAIM: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL,
                      Input.SETTLED),
     Driver.RECLAIM_ENGINE: (Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE),
+    Driver.SESSION: (Input.BIND, Input.GENERATE, Input.RESOLVE, Input.FINISH, Input.ANSWER, Input.REFUSAL,
+                     Input.LOST, Input.DEADLINE, Input.CANCEL, Input.SETTLED),
+    Driver.GENERATION: (Input.GENERATE, Input.RESOLVE, Input.CANCEL, Input.ANSWER, Input.REFUSAL, Input.LOST),
 }
 
 
@@ -139,6 +176,10 @@ class DriverRow:
     commands: tuple[str, ...] = ()
     report: DriverOutcome | None = None
     doc: str = ""
+    # A session's report names its subject: "bind", "finish", or "request" (the request id the input names). A
+    # generation's is its request id. Other drivers report to their one caller ("").
+    to: str = ""
+    reason: str | None = None  # a fixed reason for the report (a session's own refusal); else the input's
 
     @property
     def changes_state(self) -> bool:
@@ -149,8 +190,9 @@ class DriverRow:
 
 
 def row(id: str, machine: Driver, sources: str, input: Input, target: str, *, guards: tuple[str, ...] = (),
-        commands: tuple[str, ...] = (), report: DriverOutcome | None = None, doc: str = "") -> DriverRow:
-    return DriverRow(id, machine, tuple(sources.split()), input, target, guards, commands, report, doc)
+        commands: tuple[str, ...] = (), report: DriverOutcome | None = None, doc: str = "", to: str = "",
+        reason: str | None = None) -> DriverRow:
+    return DriverRow(id, machine, tuple(sources.split()), input, target, guards, commands, report, doc, to, reason)
 
 
 def late(id: str, machine: Driver, sources: str, input: Input, doc: str = "") -> DriverRow:
@@ -160,6 +202,11 @@ def late(id: str, machine: Driver, sources: str, input: Input, doc: str = "") ->
 
 SG, SN = Driver.STAGE, Driver.STAGE_ENGINE
 SE, CE, RC, RE = Driver.SETTLE, Driver.CLEANUP_ENGINE, Driver.RECLAIM, Driver.RECLAIM_ENGINE
+SS, GN = Driver.SESSION, Driver.GENERATION
+R = SessionRefusal
+OPEN_PHASES = "OPEN BINDING BIND_UNKNOWN BOUND"  # a session before its finish began
+CLOSING_PHASES = "CLOSING ABORTING CLEANING_UP CLEANUP_FAILED RELEASING CLOSED"  # from its finish on
+ALL_GENERATION_PHASES = " ".join(PHASES[Driver.GENERATION])
 I = Input  # noqa: E741 - the table reads better with a one-letter namespace
 O = DriverOutcome  # noqa: E741
 
@@ -411,6 +458,142 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     late("unload.late_refusal", RE, "*", I.REFUSAL),
     late("unload.late_lost", RE, "*", I.LOST),
     late("unload.late_timer", RE, "*", I.DEADLINE),
+    # ================================================================ session
+    # The bind: one call per session, under one key derived from the session key; every Bind waits for it.
+    row("bind.start", SS, "OPEN", I.BIND, "BINDING", commands=("submit_bind", "arm_bind"),
+        doc="The first generation's bind (RFC §4.1): the registry binds the session to its default, once."),
+    late("bind.waiting", SS, "BINDING", I.BIND, doc="The one bind in flight answers this waiter too."),
+    row("bind.again", SS, "BIND_UNKNOWN", I.BIND, "BINDING", commands=("arm_bind",),
+        doc="A new waiter for the bind still being retried: its own deadline."),
+    row("bind.known", SS, "BOUND", I.BIND, SAME, report=O.BOUND, to="bind",
+        doc="Every later call returns the same binding, with no registry call."),
+    row("bind.closing", SS, CLOSING_PHASES, I.BIND, SAME, report=O.REJECTED, to="bind", reason=R.SESSION_CLOSED),
+    row("bind.bound", SS, "BINDING BIND_UNKNOWN", I.ANSWER, "BOUND", guards=("answers_bind", "bound_answer"),
+        commands=("disarm_bind", "note_binding"), report=O.BOUND, to="bind"),
+    row("bind.refused", SS, "BINDING BIND_UNKNOWN", I.REFUSAL, "OPEN", guards=("answers_bind",),
+        commands=("disarm_bind",), report=O.REJECTED, to="bind",
+        doc="NO_PUBLISHED_VERSION (nothing to bind yet) or SESSION_CLOSED: nothing was bound; a later Bind asks "
+            "again under the same key."),
+    row("bind.lost", SS, "BINDING BIND_UNKNOWN", I.LOST, SAME, guards=("answers_bind",), commands=("submit_bind",),
+        doc="The bind may have landed: the same key again (answered from the journal if it did), until answered."),
+    row("bind.deadline", SS, "BINDING", I.DEADLINE, "BIND_UNKNOWN", guards=("bind_timer",), report=O.UNKNOWN,
+        to="bind", doc="The binding is unknown: nothing is dispatched; the retry goes on and settles it."),
+    # Generations: each request id is a sub-machine (GENERATION); the session decides whether one may start.
+    row("generate.start", SS, "BOUND", I.GENERATE, SAME, guards=("no_unknown",), commands=("open_request",),
+        doc="Ask the registry's dispatch view where the bound version may go now."),
+    row("generate.unresolved", SS, "BOUND", I.GENERATE, SAME, report=O.REJECTED, to="request",
+        reason=R.UNRESOLVED_OUTCOME, doc="An earlier generation may have been accepted: never a new attempt first."),
+    row("generate.unbound", SS, "OPEN BINDING BIND_UNKNOWN", I.GENERATE, SAME, report=O.REJECTED, to="request",
+        reason=R.NOT_BOUND),
+    row("generate.closing", SS, CLOSING_PHASES, I.GENERATE, SAME, report=O.REJECTED, to="request",
+        reason=R.SESSION_CLOSED, doc="Nothing is dispatched once the session began closing."),
+    row("resolve.nothing", SS, OPEN_PHASES + " " + CLOSING_PHASES, I.RESOLVE, SAME, report=O.RESOLVED, to="request",
+        doc="No generation under that id: nothing is unknown."),
+    # The close (Relax's _finish_session_once): begin_close, abort what is live, local cleanup, close once.
+    row("finish.close_only", SS, "OPEN", I.FINISH, "RELEASING", guards=("close_only",),
+        commands=("submit_close", "arm_close"),
+        doc="A session this process does not hold (never opened here, or closed and forgotten): the registry "
+            "closes it or answers its tombstone; nothing is released twice."),
+    row("finish.binding", SS, "BINDING", I.FINISH, "CLOSING", commands=("disarm_bind", "submit_begin_close",
+                                                                          "arm_close"),
+        report=O.REJECTED, to="bind", reason=R.SESSION_CLOSED,
+        doc="The bind's waiters are told the session is closing. The bind in flight lands before begin_close "
+            "(the close releases its ref) or is refused by the registry; either way its answer lands late."),
+    row("finish.start", SS, "OPEN BIND_UNKNOWN BOUND", I.FINISH, "CLOSING", commands=("submit_begin_close",
+                                                                                     "arm_close"),
+        doc="From here on nothing is dispatched; the registry refuses late opens and binds."),
+    row("finish.again", SS, "CLOSING RELEASING", I.FINISH, SAME, commands=("arm_close",),
+        doc="Another finish waits for the same close (its own deadline); nothing is sent twice."),
+    late("finish.waiting", SS, "ABORTING CLEANING_UP", I.FINISH),
+    row("finish.retry_cleanup", SS, "CLEANUP_FAILED", I.FINISH, "CLEANING_UP", commands=("run_cleanup",)),
+    row("finish.closed", SS, "CLOSED", I.FINISH, SAME, report=O.CLOSED, to="finish",
+        doc="The close's answer again: released once, reported to every finish."),
+    row("closing.drain", SS, "CLOSING", I.ANSWER, "ABORTING", guards=("answers_begin_close", "requests_live"),
+        commands=("disarm_close", "abort_requests"),
+        doc="Abort every generation sent or unknown (SGLang's own refcount decides when the adapter is free)."),
+    row("closing.cleanup", SS, "CLOSING", I.ANSWER, "CLEANING_UP", guards=("answers_begin_close", "has_cleanup"),
+        commands=("disarm_close", "run_cleanup")),
+    row("closing.release", SS, "CLOSING", I.ANSWER, "RELEASING", guards=("answers_begin_close",),
+        commands=("submit_close", "arm_close")),
+    row("closing.refused", SS, "CLOSING", I.REFUSAL, "CLOSED", guards=("answers_begin_close",), report=O.REJECTED,
+        to="finish", doc="Another epoch's session: the registry will not close it here."),
+    row("closing.lost", SS, "CLOSING", I.LOST, SAME, guards=("answers_begin_close",),
+        commands=("submit_begin_close",), doc="The same key again, until answered."),
+    row("closing.deadline", SS, "CLOSING", I.DEADLINE, SAME, guards=("close_timer",), report=O.UNKNOWN,
+        to="finish", doc="Not known to have landed: the finish is told so; the retry goes on and the close follows."),
+    row("drain.cleanup", SS, "ABORTING", I.SETTLED, "CLEANING_UP", guards=("requests_settled", "has_cleanup"),
+        commands=("run_cleanup",)),
+    row("drain.release", SS, "ABORTING", I.SETTLED, "RELEASING", guards=("requests_settled",),
+        commands=("submit_close", "arm_close"), doc="Every generation ended: release the session's ref."),
+    late("drain.waiting", SS, "ABORTING", I.SETTLED, doc="Other generations are still being aborted."),
+    late("session.settled", SS, "BOUND CLOSING", I.SETTLED, doc="A generation ended while the session runs."),
+    row("cleanup.done", SS, "CLEANING_UP", I.ANSWER, "RELEASING", guards=("answers_cleanup",),
+        commands=("submit_close", "arm_close")),
+    row("cleanup.failed", SS, "CLEANING_UP", I.LOST, "CLEANUP_FAILED", guards=("answers_cleanup",),
+        report=O.REJECTED, to="finish", reason=R.CLEANUP_FAILED,
+        doc="The caller's local cleanup raised: nothing is released; the next finish runs it again."),
+    row("release.closed", SS, "RELEASING", I.ANSWER, "CLOSED", guards=("answers_close",), commands=("disarm_close",),
+        report=O.CLOSED, to="finish"),
+    row("release.refused", SS, "RELEASING", I.REFUSAL, "CLOSED", guards=("answers_close",), report=O.REJECTED,
+        to="finish"),
+    row("release.lost", SS, "RELEASING", I.LOST, SAME, guards=("answers_close",), commands=("submit_close",),
+        doc="The close may have landed: the same key again, so the ref is released exactly once."),
+    row("release.deadline", SS, "RELEASING", I.DEADLINE, SAME, guards=("close_timer",), report=O.UNKNOWN,
+        to="finish"),
+    late("session.late_reply", SS, "*", I.ANSWER,
+         doc="A reply no phase waits for (a bind answered after the finish began: released by the close, or "
+             "refused)."),
+    late("session.late_refusal", SS, "*", I.REFUSAL),
+    late("session.late_lost", SS, "*", I.LOST),
+    late("session.late_timer", SS, "*", I.DEADLINE),
+    late("session.late_cancel", SS, "*", I.CANCEL,
+         doc="A caller gone before its request opened a generation (refused, or not yet stepped): nothing to drop."),
+    # ================================================================ generation (one request id)
+    row("view.closing", GN, "VIEWING", I.ANSWER, "FAILED", guards=("answers_view", "session_closing"),
+        report=O.REJECTED, reason=R.SESSION_CLOSED, doc="The session began closing meanwhile: nothing is sent."),
+    row("view.servable", GN, "VIEWING", I.ANSWER, "SENDING", guards=("answers_view", "servable"),
+        commands=("note_engines", "send_generate"),
+        doc="Only to engines where the registry has the version READY in their current incarnation."),
+    row("view.unservable", GN, "VIEWING", I.ANSWER, "FAILED", guards=("answers_view",), report=O.REJECTED,
+        reason=R.NOT_SERVABLE, doc="RECLAIMING, RECLAIMED, or READY nowhere now: refused before it leaves."),
+    row("view.lost", GN, "VIEWING", I.LOST, "FAILED", guards=("answers_view",), report=O.REJECTED,
+        reason=R.VIEW_UNAVAILABLE, doc="Nothing was sent: a certain failure."),
+    row("generate.done", GN, "SENDING", I.ANSWER, "DONE", guards=("answers_generate", "session_active"),
+        report=O.GENERATED),
+    row("generate.dropped", GN, "SENDING", I.ANSWER, "DONE", guards=("answers_generate",), report=O.DROPPED,
+        doc="The session began closing: a late response never reaches its caller, nothing reopens."),
+    row("generate.redispatch", GN, "SENDING", I.REFUSAL,
+        SAME, guards=("answers_generate", "version_unavailable", "engines_left", "session_active"),
+        commands=("note_refused", "send_generate"),
+        doc="An engine restarted before the registry adopted it refused the version: it certainly did not run "
+            "there; the same binding goes to another engine of the view, never another version."),
+    row("generate.refused", GN, "SENDING", I.REFUSAL, "FAILED", guards=("answers_generate",), report=O.REJECTED),
+    row("generate.lost", GN, "SENDING", I.LOST, "UNKNOWN", guards=("answers_generate",), report=O.UNKNOWN,
+        doc="Accepted or not, nobody can tell: never resent; the session refuses new generations until resolved."),
+    row("generate.hangup", GN, "SENDING", I.CANCEL, "UNKNOWN", commands=("hang_up",), report=O.UNKNOWN,
+        doc="The caller went away: the call is dropped (SGLang sees its client leave) and its outcome is unknown."),
+    row("view.cancel", GN, "VIEWING", I.CANCEL, "FAILED", doc="The caller went away before anything was sent."),
+    late("generation.cancel", GN, "UNKNOWN RESOLVING ABORTING DONE FAILED RESOLVED ABORTED", I.CANCEL,
+         doc="Nothing of the caller's is in flight on an engine."),
+    row("generate.rid_in_use", GN, ALL_GENERATION_PHASES, I.GENERATE, SAME, report=O.REJECTED, reason=R.RID_IN_USE),
+    row("resolve.start", GN, "UNKNOWN", I.RESOLVE, "RESOLVING", commands=("send_abort",),
+        doc="End it on the engine (an abort of a request that never arrived, or ended, is harmless)."),
+    late("resolve.waiting", GN, "RESOLVING", I.RESOLVE),
+    row("resolve.known", GN, "VIEWING SENDING ABORTING DONE FAILED RESOLVED ABORTED", I.RESOLVE, SAME,
+        report=O.RESOLVED, doc="Nothing unknown under that id."),
+    row("resolve.done", GN, "RESOLVING", I.ANSWER, "RESOLVED", guards=("answers_abort",), report=O.RESOLVED,
+        doc="A known failure now: a new attempt may be made."),
+    row("resolve.closing", GN, "RESOLVING", I.LOST, "ABORTED", guards=("answers_abort", "session_closing"),
+        report=O.DROPPED, doc="The close waits for it: given up like the close's own aborts (best effort)."),
+    row("resolve.lost", GN, "RESOLVING", I.LOST, "UNKNOWN", guards=("answers_abort",), report=O.UNKNOWN),
+    row("close_abort.answered", GN, "ABORTING", I.ANSWER, "ABORTED", guards=("answers_abort",), report=O.DROPPED,
+        doc="The close's abort: whatever the generation answers after it is not delivered."),
+    row("close_abort.lost", GN, "ABORTING", I.LOST, "ABORTED", guards=("answers_abort",), report=O.DROPPED,
+        doc="Best effort: the session's ref is released by the close, and SGLang's own refcount keeps the "
+            "adapter until the request ends (a reclaim waits for it)."),
+    late("generation.late_reply", GN, "*", I.ANSWER, doc="A reply to a call this phase does not wait for."),
+    late("generation.late_refusal", GN, "*", I.REFUSAL),
+    late("generation.late_lost", GN, "*", I.LOST),
 )
 # fmt: on
 
@@ -428,7 +611,9 @@ NOT_POSSIBLE = {
     "is an engine's and reaches that engine's sub-machine; only a finished coordinator receives them (late rows)",
     "IDLE": "the executor's first input is Start; nothing else is in flight before it",
     "Start": "Start is sent once, before any other input",
-    "Settled": "only a sub-machine that just finished produces it, and only while its coordinator waits for it",
+    "Settled": "only a sub-machine that just finished produces it, and only while its coordinator waits for it "
+    "(a session's generations exist from BOUND on, and the close waits for every one of them before CLEANING_UP)",
+    "session Start": "a session has no Start: it waits for its caller's Bind, Generate, Resolve or Finish",
 }
 
 
