@@ -147,6 +147,33 @@ class SessionEntry:
         return () if self.state is None else drivers.unresolved_requests(self.state)
 
 
+# The exception a caller gets for a REJECTED report, by its reason (the driver's rows decided the refusal; this only
+# names it for the caller): (entry, the subject's request id) -> exception.
+_REFUSALS: dict[str, Callable[[SessionEntry, str], BaseException]] = {
+    Reason.NO_PUBLISHED_VERSION: lambda e, rid: NoPublishedVersion(f"session {e.key}: no published version yet"),
+    SessionRefusal.UNRESOLVED_OUTCOME: lambda e, rid: UnresolvedOutcome(e.unknown),
+    SessionRefusal.RID_IN_USE: lambda e, rid: RidInUse(f"session {e.key}: request id {rid!r} was used already"),
+    # the gate's own error: VersionUnavailable (servable nowhere now), or why the view could not be read
+    SessionRefusal.NOT_SERVABLE: lambda e, rid: e.errors[Call("view", rid)],
+    SessionRefusal.VIEW_UNAVAILABLE: lambda e, rid: e.errors[Call("view", rid)],
+    SessionRefusal.CLEANUP_FAILED: lambda e, rid: e.errors[Call("local_cleanup")],  # what the caller's hook raised
+}
+
+
+def _refused(entry: SessionEntry, report: Report, subject: str) -> BaseException:
+    """A REJECTED report as the caller's exception: by its reason, else the refusing engine's own error (a
+    generation), else the registry's refusal of the bind or the close."""
+    named = _REFUSALS.get(report.reason or "")
+    if named is not None:
+        return named(entry, subject)
+    failure = entry.errors.get(Call("generate", subject))
+    if failure is not None:
+        return failure
+    if subject == "finish":
+        return RuntimeError(f"the close of {entry.key} was refused: {report.reason}")
+    return SessionClosed(f"session {entry.key} is closed ({report.reason})")
+
+
 class _PortOf:
     """The registry port as the binder has it now (callers may swap `SessionBinder._registry`, e.g. tests)."""
 
@@ -256,9 +283,7 @@ class SessionBinder:
         if report.outcome is DriverOutcome.UNKNOWN:
             raise RegistryUnavailable(f"session {key}: the bind's outcome is unknown past its deadline; nothing is "
                                       "dispatched, and the same bind is retried until answered")
-        if report.reason == Reason.NO_PUBLISHED_VERSION:
-            raise NoPublishedVersion(f"session {key}: no published version yet")
-        raise SessionClosed(f"session {key} is closed ({report.reason})")
+        raise _refused(entry, report, "bind")
 
     # ---- generation
     async def generate(
@@ -292,20 +317,7 @@ class SessionBinder:
             raise LateResponseDropped(f"session {key} is closing: response {rid} dropped")
         if report.outcome is DriverOutcome.UNKNOWN:
             raise entry.errors.get(call) or OutcomeUnknown(f"{rid}: outcome unknown")
-        raise self._refusal(entry, report, rid)
-
-    def _refusal(self, entry: SessionEntry, report: Report, rid: str) -> BaseException:
-        reason = report.reason
-        if reason == SessionRefusal.UNRESOLVED_OUTCOME:
-            return UnresolvedOutcome(entry.unknown)
-        if reason == SessionRefusal.RID_IN_USE:
-            return RidInUse(f"session {entry.key}: request id {rid!r} was used already")
-        if reason in (SessionRefusal.NOT_SERVABLE, SessionRefusal.VIEW_UNAVAILABLE):
-            return entry.errors.get(Call("view", rid)) or RuntimeError(f"{rid}: {reason}")
-        failure = entry.errors.get(Call("generate", rid))
-        if failure is not None:  # the engine's own refusal
-            return failure
-        return SessionClosed(f"session {entry.key}: {reason}")
+        raise _refused(entry, report, rid)
 
     async def _perform(self, entry: SessionEntry, command: Any) -> DriverInput:
         """Carry out one of the session driver's calls and say how it ended."""
@@ -377,9 +389,7 @@ class SessionBinder:
         if report.outcome is DriverOutcome.UNKNOWN:
             raise RegistryUnavailable(f"session {key}: the close's outcome is unknown past its deadline; the same "
                                       "calls are retried until answered, and finish() again returns their report")
-        if report.reason == SessionRefusal.CLEANUP_FAILED:
-            raise entry.errors[Call("local_cleanup")]
-        raise RuntimeError(f"the close of {key} was refused: {report.reason}")
+        raise _refused(entry, report, "finish")
 
     def _closed(self, entry: SessionEntry) -> CloseReport:
         self._records.pop(entry.key, None)
