@@ -48,6 +48,10 @@ from versioned_lora.lifecycle.drivers import (
     session,
     settle,
     stage,
+    stage_phase,
+    stage_phase_completed,
+    stage_phase_moved,
+    staging_started,
     subs_of,
 )
 from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
@@ -369,3 +373,21 @@ def test_staging_without_a_bucket_or_an_engine_is_refused_when_built() -> None:
         stage(B, "t", 1, ())
     with pytest.raises(ValueError, match="at least one bucket"):
         publication(B, "d", "n-E0", 0, "k")
+
+
+def test_the_staging_phases_the_publisher_times_are_the_coordinators_moves() -> None:
+    idle = stage(B, "t", 2, _STAGES)
+    reserving = attrs.evolve(idle, phase="RESERVING")
+    assert stage_phase(reserving) == "reserve" and stage_phase_completed(idle, reserving) is None
+    beginning = attrs.evolve(reserving, phase="BEGINNING")
+    assert staging_started(reserving, beginning) and not staging_started(beginning, beginning)
+    assert stage_phase_completed(reserving, beginning) == "reserve"
+    transferring = attrs.evolve(beginning, phase="TRANSFERRING", bucket=0)
+    assert stage_phase_completed(beginning, transferring) == "begin"
+    second = attrs.evolve(transferring, bucket=1)  # the next bucket: the same coordinator phase, a new timed one
+    assert stage_phase_moved(transferring, second) and stage_phase_completed(transferring, second) == "bucket_0"
+    assert not stage_phase_moved(second, second) and stage_phase_completed(second, second) is None
+    failed = attrs.evolve(second, phase="DONE", engines=second.engines.set(
+        "E0", StageEngineState("FAILED", second.engines["E0"].order)))
+    assert stage_phase_completed(second, failed) is None  # nothing completes once an engine failed
+    assert [stage_phase(second, op) for op in ("prepared", "bucket", "probe")] == ["begin", "bucket_1", "end"]

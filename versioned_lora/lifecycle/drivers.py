@@ -359,7 +359,6 @@ class SessionState:
     lora_name: str = ""
     cleanup: bool = False  # the caller has a local cleanup to run before the close
     close_only: bool = False  # a session this process does not hold: the finish only sends the close
-    reason: str | None = None
 
 
 DriverState: TypeAlias = StageState | SettleState | ReclaimState | SessionState
@@ -519,7 +518,7 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "answers_generate": lambda s, sub, i: _call_op(i) == "generate",
     "session_active": lambda s, sub, i: s.phase == "BOUND",
     "session_closing": lambda s, sub, i: s.phase != "BOUND",
-    "servable": lambda s, sub, i: isinstance(i, Answer) and bool(i.value),
+    "servable": lambda s, sub, i: isinstance(i, Answer) and isinstance(i.value, frozenset) and bool(i.value),
     "version_unavailable": lambda s, sub, i: isinstance(i, Refusal) and i.reason == Reason.VERSION_UNAVAILABLE
     and bool(i.origin),
     "engines_left": lambda s, sub, i: isinstance(i, Refusal) and bool(sub.engines - sub.refused - {i.origin}),
@@ -840,17 +839,18 @@ class Drivers:
             commands += built
         if r.target != SAME:
             target = attrs.evolve(target, phase=r.target)
-        if sub is None:
+        if sub is not None or isinstance(target, SessionState):
+            # A session's or a generation's report answers one caller's request (a generation's: its request id's
+            # caller): the row's reason or this input's, never an earlier one.
+            if r.report is not None:
+                subject = sub.rid if sub is not None else _engine_of(inp) if r.to == "request" else r.to
+                commands.append(Report(r.report, r.reason or _reason(inp), subject))
+        else:  # one piece of work, one caller: the refusal that decided its outcome stays its reason
             reason = _reason(inp)
             if reason is not None and r.target != SAME:
                 target = attrs.evolve(target, reason=reason)
             if r.report is not None:
-                subject = _engine_of(inp) if r.to == "request" else r.to
-                # A session's report answers one caller's request: its reason is this input's, never an earlier one.
-                why = reason if isinstance(target, SessionState) else target.reason
-                commands.append(Report(r.report, r.reason or why, subject))
-        elif r.report is not None:  # a generation's outcome, for the caller of its request id
-            commands.append(Report(r.report, r.reason or _reason(inp), sub.rid))
+                commands.append(Report(r.report, target.reason))
         return target, tuple(commands), r.id
 
     def step(self, state: DriverState, inp: DriverInput) -> DriverStep:
@@ -881,6 +881,35 @@ def is_done(state: DriverState) -> bool:
 def failed_engines(state: StageState) -> tuple[str, ...]:
     """The engines whose staging failed (their sub-machine's `failure` says why), by name."""
     return tuple(sorted(name for name, e in state.engines.items() if e.phase == "FAILED"))
+
+
+# The stage coordinator's timed phases (`PublishOutcome.phases`): reserve, begin, bucket_<i>, end. A phase has
+# completed when the coordinator enters one of these from it; the phase a failed call belongs to, by its op.
+_STAGE_PROGRESS = frozenset({"BEGINNING", "TRANSFERRING", "ENDING", "DONE"})
+_STAGE_PHASE_OF_CALL = {"begin": "BEGINNING", "prepared": "BEGINNING", "bucket": "TRANSFERRING", "end": "ENDING",
+                        "probe": "ENDING", "ready": "ENDING"}
+
+
+def stage_phase(state: StageState, op: str | None = None) -> str:
+    """The timed phase the coordinator is in (or, given a call's op, the one that call belongs to)."""
+    phase = state.phase if op is None else _STAGE_PHASE_OF_CALL[op]
+    return {"RESERVING": "reserve", "BEGINNING": "begin", "ENDING": "end"}.get(phase, f"bucket_{state.bucket}")
+
+
+def stage_phase_moved(before: StageState, after: StageState) -> bool:
+    """The step left the timed phase `before` was in (a new coordinator phase, or the next bucket)."""
+    return after.phase != before.phase or after.bucket != before.bucket
+
+
+def stage_phase_completed(before: StageState, after: StageState) -> str | None:
+    """The timed phase the step completed (every engine through it, none failed), else None."""
+    done = before.phase != "IDLE" and after.phase in _STAGE_PROGRESS and not failed_engines(after)
+    return stage_phase(before) if done and stage_phase_moved(before, after) else None
+
+
+def staging_started(before: StageState, after: StageState) -> bool:
+    """The step sent the first `begin`s: the attempt is known and its engines are being staged."""
+    return after.phase == "BEGINNING" and before.phase != "BEGINNING"
 
 
 def unresolved_requests(state: SessionState) -> tuple[str, ...]:

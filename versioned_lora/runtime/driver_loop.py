@@ -154,9 +154,13 @@ class DriverLoop:
         """Feed an input no caller waits on (a caller's cancellation)."""
         self._inbox.put_nowait(inp)
 
-    def answer_of(self, call: Call) -> Any:
-        """The last answer `call` received (a generation's response), if any."""
-        return self._answers.get(call)
+    def last_report(self, subject: str) -> Report | None:
+        """The last report made to `subject`, if any."""
+        return next((r for r in reversed(self.reports) if r.subject == subject), None)
+
+    def answer_of(self, call: Call, *, forget: bool = False) -> Any:
+        """The last answer `call` received (a generation's response), if any; `forget`: its reader is the last."""
+        return self._answers.pop(call, None) if forget else self._answers.get(call)
 
     # ---- the owning task
     async def _run(self) -> None:

@@ -393,17 +393,15 @@ class Publisher:
             now = time.monotonic()
             if after != before:
                 self._last_progress = now
-            if after.phase == "BEGINNING" and before.phase != "BEGINNING":
+            if drivers.staging_started(before, after):
                 self._staging.add(after.attempt_token)
                 if on_staging is not None:
                     on_staging(after)
-            moved = after.phase != before.phase or after.bucket != before.bucket
-            completed = before.phase != "IDLE" and after.phase in STAGE_PROGRESS
-            if moved and completed and not drivers.failed_engines(after):
-                label = _phase_label(before)
+            label = drivers.stage_phase_completed(before, after)
+            if label is not None:
                 phases[label] = now - marks["at"]
                 self._on_phase("", label, phases[label])
-            if moved:
+            if drivers.stage_phase_moved(before, after):
                 marks["at"] = now
 
         def probe(receipt: ReadyReceipt) -> bool:
@@ -439,8 +437,7 @@ class Publisher:
         if failure.kind is Input.DEADLINE:
             limit, bound = self._armed.get(STAGE_DEADLINE[failure.op], (0.0, "deadline"))
             seconds = self.deadlines.max_no_progress if bound == "max_no_progress" else limit
-            label = _phase_label(attrs.evolve(state, phase=STAGE_PHASE[failure.op]))
-            return PhaseDeadlineMissed(label, seconds, bound)
+            return PhaseDeadlineMissed(drivers.stage_phase(state, failure.op), seconds, bound)
         if failure.kind is Input.LOST:
             return EngineUnreachable(f"{name}: {failure.op}: {said or 'no answer'}")
         if failure.op == "probe":
@@ -596,16 +593,6 @@ class Publisher:
         return (limit, "deadline") if limit <= remaining else (remaining, "max_no_progress")
 
 
-# A staging call's deadline (a `Deadlines` field) and the stage coordinator's phase it runs in.
+# A staging call's deadline (a `Deadlines` field).
 STAGE_DEADLINE = {"begin": "begin", "prepared": "report", "bucket": "bucket", "end": "end", "probe": "end",
                   "ready": "report"}
-STAGE_PHASE = {"begin": "BEGINNING", "prepared": "BEGINNING", "bucket": "TRANSFERRING", "end": "ENDING",
-               "probe": "ENDING", "ready": "ENDING"}
-
-
-STAGE_PROGRESS = ("BEGINNING", "TRANSFERRING", "ENDING", "DONE")  # a phase completed when one of these is entered
-
-
-def _phase_label(state: drivers.StageState) -> str:
-    """The name a staging phase is timed under in `PublishOutcome.phases`: reserve, begin, bucket_<i>, end."""
-    return {"RESERVING": "reserve", "BEGINNING": "begin", "ENDING": "end"}.get(state.phase, f"bucket_{state.bucket}")

@@ -299,7 +299,8 @@ class SessionBinder:
         entry = self._entry(key)
         await self.bind_first(key)
         rid = rid or f"{entry.session_id}/{uuid.uuid4().hex[:16]}"  # the caller's request id (not a driver key)
-        entry.payloads.setdefault(rid, (tuple(input_ids), max_new_tokens, dict(sampling or {})))
+        payload = (tuple(input_ids), max_new_tokens, dict(sampling or {}))
+        owned = entry.payloads.setdefault(rid, payload) is payload  # (a reused rid keeps the first one's)
         loop = self._loop(entry)
         asked = loop.ask(Generate(rid), rid)
         try:
@@ -307,10 +308,13 @@ class SessionBinder:
         except asyncio.CancelledError:
             loop.put(Cancel(rid))  # the caller went away: the table says what that ends
             raise
+        finally:
+            if owned:  # reported: nothing sends it again (a long session keeps no prompt it is done with)
+                del entry.payloads[rid]
         call = Call("generate", rid)
         if report.outcome is DriverOutcome.GENERATED:
             entry.generations += 1
-            response: BackendResponse = loop.answer_of(call)
+            response: BackendResponse = loop.answer_of(call, forget=True)
             return response
         if report.outcome is DriverOutcome.DROPPED:
             self.dropped_late_responses += 1
@@ -375,16 +379,14 @@ class SessionBinder:
             # tombstone; a duplicate close releases nothing there.
             entry = SessionEntry(key, "")
             self._loop(entry, close_only=True)
-        elif entry.state is not None and drivers.is_done(entry.state):
-            # Closed already: its close was resolved after the finish that sent it gave up (UNKNOWN). Row
-            # finish.closed's answer, read here because a finished driver's loop has ended.
-            if entry.close_report is None:
-                entry.close_report = self._close_report(entry)
-            return self._closed(entry)
-        report = await self._loop(entry).ask(Finish(), "finish")
+        if entry.loop is not None and entry.state is not None and drivers.is_done(entry.state):
+            # Closed already (its close was resolved after the finish that sent it gave up): row finish.closed's
+            # answer is the close's last report, read here because a finished driver's loop steps no more.
+            report = entry.loop.last_report("finish")
+        else:
+            report = await self._loop(entry).ask(Finish(), "finish")
+        assert report is not None  # a closed session's last report to its finish is CLOSED or REJECTED
         if report.outcome is DriverOutcome.CLOSED:
-            if entry.close_report is None:
-                entry.close_report = self._close_report(entry)
             return self._closed(entry)
         if report.outcome is DriverOutcome.UNKNOWN:
             raise RegistryUnavailable(f"session {key}: the close's outcome is unknown past its deadline; the same "
@@ -392,8 +394,10 @@ class SessionBinder:
         raise _refused(entry, report, "finish")
 
     def _closed(self, entry: SessionEntry) -> CloseReport:
+        """The record's one close report (every finish of it gets the same), and the record forgotten."""
+        if entry.close_report is None:
+            entry.close_report = self._close_report(entry)
         self._records.pop(entry.key, None)
-        assert entry.close_report is not None
         return entry.close_report
 
     def _close_report(self, entry: SessionEntry) -> CloseReport:
