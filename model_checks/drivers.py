@@ -75,10 +75,23 @@ Properties, on every reachable world:
   never_resent             a generation is sent only from its dispatch or after an engine refused the version
   close_after_drain        close_and_release is sent only once every generation ended (aborted, if live)
   bind_only_while_binding  the bind is sent only while the session waits for it
-  report_is_true           BOUND names the registry's binding; CLOSED only once the registry closed it;
+  report_is_true           BOUND names the registry's binding, and the session stays bound (or closes) after it;
+                           CLOSED only once the registry closed it;
                            GENERATED only for a generation that was answered; DROPPED only for one that was sent;
                            SESSION_CLOSED only once the finish began
   told_once                when nothing can happen, every question the caller asked has been answered
+  A restart supervisor (SUPERVISE_SCENARIOS: E0 restarted and holds nothing; its rehydrates run the stage driver,
+  whose own rows the stage scenarios check, as one step here):
+  rehydrates_what_is_owed  a rehydrate is sent only for a staging the registry's answer names for this engine,
+                           never for an attempt its own Publisher stages
+  never_restages_ready     no rehydrate is sent for a version READY there already
+  report_is_true           RECONCILED only once every rehydrate ended, with the answer's stagings split exactly into
+                           those rehydrated and those left to its own publication, every other effect left to its
+                           own driver, and (nothing failed) every version owed READY there
+  sub_state_is_true        a rehydrate counted READY is READY in the registry
+  rehydrate_fails_only_by_a_fault, rejected_needs_a_fault   FAILED and REJECTED only after a fault or a restart
+  committed_stays_loaded   (above) is checked for the placements of the incarnation each engine runs: a READY of
+                           an incarnation it no longer runs counts for nothing (the restart not adopted yet)
   registry invariants      every invariant of spec/invariants.py on every registry state
   finishes                 a world where nothing can happen any more has the driver DONE, with a report
 """
@@ -117,10 +130,12 @@ from versioned_lora.lifecycle.drivers import (
     HangUp,
     LocalCleanup,
     Lost,
+    ReadIncarnation,
     ReclaimEngine,
     ReclaimEngineState,
     ReclaimState,
     Refusal,
+    Rehydrate,
     Reply,
     Report,
     Resolve,
@@ -131,15 +146,19 @@ from versioned_lora.lifecycle.drivers import (
     StageState,
     Start,
     Submit,
+    SuperviseState,
     Timer,
     ViewDispatch,
+    ViewPlacement,
     is_done,
     publication,
     reclaim,
+    restarted_key,
     session,
     settle,
     stage,
     subs_of,
+    supervise,
 )
 from versioned_lora.lifecycle.effects import StageOnEngine
 from versioned_lora.lifecycle.queries import servable_on
@@ -182,6 +201,8 @@ UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED", "CHECKING"})  # CHECKING: 
 # A session's: the bind retried after its waiters were told UNKNOWN; the caller's own cleanup (local work); and a
 # generation's calls, which the backend's own timeout ends (a generation may legitimately run for minutes).
 UNBOUNDED_BY_DESIGN |= {"BIND_UNKNOWN", "CLEANING_UP", "VIEWING", "SENDING", "RESOLVING", "ABORTING"}
+# A rehydrate's staging: the stage driver it runs bounds each of its calls with its own deadlines.
+UNBOUNDED_BY_DESIGN |= {"STAGING"}
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
 ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
                 "bucket": "answers_bucket", "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready",
@@ -189,16 +210,18 @@ ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepare
                 "cleanup": "answers_engine_cleanup", "cleaned": "answers_cleaned", "unknown": "answers_unknown",
                 "reclaim": "answers_engine_reclaim", "confirm": "answers_confirm", "bind": "answers_bind",
                 "begin_close": "answers_begin_close", "close": "answers_close", "local_cleanup": "answers_cleanup",
-                "view": "answers_view", "generate": "answers_generate"}
+                "view": "answers_view", "generate": "answers_generate", "incarnation": "answers_incarnation",
+                "restarted": "answers_restarted", "placement": "answers_placement", "rehydrate": "answers_rehydrate"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 O = DriverOutcome  # noqa: E741
 OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.REPLAYED, O.REJECTED, O.UNKNOWN},  # what each driver may report
             SettleState: {O.COMMITTED, O.FAILED_CLEAN, O.UNKNOWN},
             ReclaimState: {O.RECLAIMED, O.PENDING, O.REJECTED, O.UNKNOWN},
-            SessionState: {O.BOUND, O.GENERATED, O.DROPPED, O.RESOLVED, O.CLOSED, O.REJECTED, O.UNKNOWN}}
+            SessionState: {O.BOUND, O.GENERATED, O.DROPPED, O.RESOLVED, O.CLOSED, O.REJECTED, O.UNKNOWN},
+            SuperviseState: {O.RECONCILED, O.REJECTED, O.UNKNOWN}}
 CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine, ViewDispatch, SendGeneration, AbortGeneration,
-         LocalCleanup)  # commands that are one call each
+         LocalCleanup, ReadIncarnation, ViewPlacement, Rehydrate)  # commands that are one call each
 
 
 @attrs.frozen
@@ -349,6 +372,8 @@ def scenario(name: str, budget: Budget) -> World:
         return _world(s, reclaim(A), budget)
     if name in SESSION_SCENARIOS:
         return _session_world(name, budget)
+    if name in SUPERVISE_SCENARIOS:
+        return _supervise_world(name, budget)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
@@ -385,13 +410,54 @@ def _session_world(name: str, budget: Budget) -> World:
     return attrs.evolve(w, started=True, caller=script)
 
 
+# E0 restarted (incarnation 2) and holds nothing; its supervisor reports it and rehydrates what the answer names.
+SUPERVISE_SCENARIOS = (
+    "supervise",  # A (a session's binding) and B (the default) owed: two rehydrates
+    "supervise_own",  # the first publication (B) in flight in this process: its attempt is left to it, nothing owed
+    "supervise_again",  # a second reconcile of the same incarnation: the journal's answer, A READY there already
+)
+
+
+def _supervise_world(name: str, budget: Budget) -> World:
+    s = _Setup()
+    if name != "supervise_own":
+        s.stage(A)
+        s.commit(A)
+    own: frozenset[str] = frozenset()
+    if name == "supervise_own":  # the first publication, B, reserved and begun on both engines by this process
+        reserved = s.reg_step(Reserve(B, DIGESTS[B]))
+        s.tokens[B] = (reserved.lora_name, reserved.attempt_token)
+        for i, e in enumerate(ENGINES):
+            s.eng_step(i, BeginStaging(reserved.lora_name, reserved.attempt_token, 1, DIGESTS[B], 1))
+            s.reg_step(RecordPrepared(B, reserved.attempt_token, e, 1, DIGESTS[B]))
+        own = frozenset({reserved.attempt_token})
+    else:  # a session still bound to A, and B the default: E0 owes both
+        s.reg_step(OpenSession(SESSION))
+        s.reg_step(BindFirst(SESSION))
+        s.stage(B)
+        s.commit(B)
+    s.engs[0] = CORE.engine_step(s.engs[0], EngineStarted(2))[0]
+    journal: Map[str, Reply] = Map()
+    if name == "supervise_again":  # the first reconcile adopted incarnation 2 and rehydrated A; B's failed
+        key = restarted_key("E0", 2)
+        s.reg, result, effects = CORE.step(s.reg, EngineRestarted("E0", 2))
+        journal = journal.set(key, Reply(result, effects))
+        order = next(e for e in effects if isinstance(e, StageOnEngine) and e.version == A)
+        s.eng_step(0, BeginStaging(order.lora_name, order.attempt_token, 2, order.digest, 1))
+        s.reg_step(RecordPrepared(A, order.attempt_token, "E0", 2, order.digest))
+        s.eng_step(0, ReceiveBucket(order.lora_name, order.attempt_token, 2, 0))
+        s.eng_step(0, EndStaging(order.lora_name, order.attempt_token, 2, True))
+        s.reg_step(RecordReady(A, order.attempt_token, "E0", 2, order.digest))
+    return attrs.evolve(_world(s, supervise("E0", own), budget), journal=journal)
+
+
 CALLER_INPUTS = {"bind": lambda rid: (Bind(), "bind"), "gen": lambda rid: (Generate(rid), rid),
                  "resolve": lambda rid: (Resolve(rid), rid), "finish": lambda rid: (Finish(), "finish")}
 
 
 SCENARIOS = ("stage", "stage_probe_mismatch", "reserve_name_mismatch", "reserve_replay", "reserve_conflict", "commit",
              "commit_not_ready", "abort", "abort_after_commit", "abort_again", "reclaim", "reclaim_in_use",
-             "reclaim_done", *SESSION_SCENARIOS)
+             "reclaim_done", *SESSION_SCENARIOS, *SUPERVISE_SCENARIOS)
 
 # ---------------------------------------------------------------- successors
 
@@ -437,6 +503,8 @@ class DriverSystem:
                              f"answers it")
         if isinstance(step.state, SessionState):
             flags += _session_flags(w.driver, step.state, step.commands)
+        if isinstance(step.state, SuperviseState):
+            flags += _supervise_flags(w, step.state, step.commands)
         if is_done(step.state):  # the loop ends: its timers are cancelled, late replies land nowhere
             timers.clear()
         pending = w.pending - {c.subject for c in step.commands if isinstance(c, Report)}
@@ -479,6 +547,12 @@ class DriverSystem:
         if isinstance(command, ViewDispatch):  # the gate: the registry's own answer
             servable = frozenset(e for e in ENGINES if servable_on(w.registry, command.version, e))
             return w, Answer(command.call, servable)
+        if isinstance(command, ViewPlacement):
+            return w, Answer(command.call, w.registry.placements[(command.version, command.engine)].state)
+        if isinstance(command, Rehydrate):
+            return self._rehydrate(w, command)
+        if isinstance(command, ReadIncarnation):
+            return w, Answer(command.call, w.engines[ENGINES.index(command.engine)].incarnation)
         if isinstance(command, (AbortGeneration, LocalCleanup)):
             return w, Answer(command.call)  # an abort of an ended or unknown request is harmless
         if isinstance(command, SendGeneration):  # the first engine the request may go to runs it to its end
@@ -520,6 +594,32 @@ class DriverSystem:
                 outcome = Answer(command.call, adapter is not None and adapter.state is AdapterState.UNLOADED)
         engines = (*w.engines[:i], engine, *w.engines[i + 1:])
         return attrs.evolve(w, engines=engines), outcome
+
+    @staticmethod
+    def _rehydrate(w: World, command: Rehydrate) -> tuple[World, Any]:
+        """The stage driver a rehydrate runs, as one step (its own rows are checked by the stage scenarios):
+        begin, the one bucket and end on the engine, PREPARED and READY recorded; the first refusal ends it there,
+        keeping what happened before it, as a failed staging does."""
+        o = command.order
+        i = ENGINES.index(o.engine)
+        engine, registry = w.engines[i], w.registry
+        steps: tuple[tuple[str, Any], ...] = (
+            ("engine", BeginStaging(o.lora_name, o.attempt_token, o.incarnation, o.digest, 1)),
+            ("registry", RecordPrepared(o.version, o.attempt_token, o.engine, o.incarnation, o.digest)),
+            ("engine", ReceiveBucket(o.lora_name, o.attempt_token, o.incarnation, 0)),
+            ("engine", EndStaging(o.lora_name, o.attempt_token, o.incarnation, True)),
+            ("registry", RecordReady(o.version, o.attempt_token, o.engine, o.incarnation, o.digest)))
+        outcome: Any = Answer(command.call, True)
+        for party, event in steps:
+            if party == "engine":
+                after, result, _ = CORE.engine_step(engine, event)
+            else:
+                after, result, _ = CORE.step(registry, event)
+            if isinstance(result, Rejected):
+                outcome = Refusal(command.call, str(result.reason))
+                break
+            engine, registry = (after, registry) if party == "engine" else (engine, after)
+        return attrs.evolve(w, engines=(*w.engines[:i], engine, *w.engines[i + 1:]), registry=registry), outcome
 
     def successors(self, w: World) -> Iterator[tuple[str, World]]:
         if not w.started:  # the executor's first input, once (spec/drivers.NOT_POSSIBLE)
@@ -599,9 +699,12 @@ class DriverSystem:
             if version.state not in COMMITTED:
                 continue
             for (pv, e), placement in reg.placements.items():
-                if pv != v or placement.state is not PlacementState.READY:
+                engine = w.engines[ENGINES.index(e)]
+                # (a READY of an incarnation the engine no longer runs counts for nothing: a restart not adopted yet)
+                if pv != v or placement.state is not PlacementState.READY or (
+                        placement.incarnation != engine.incarnation):
                     continue
-                adapter = w.engines[ENGINES.index(e)].adapters.get(version.lora_name)
+                adapter = engine.adapters.get(version.lora_name)
                 if adapter is None or adapter.state is not AdapterState.READY:
                     out.append(f"committed_stays_loaded: {v.version_id} is {version.state} and READY on {e} in "
                                f"the registry, but {'absent' if adapter is None else adapter.state} there")
@@ -610,7 +713,8 @@ class DriverSystem:
                 for kind, c in w.net):
             out.append("abort_never_commits: a settle started to abort (staging failed) sent a commit")
         d = w.driver
-        waiting = {"CLEANING": Timer("abort"), "RECLAIMING": Timer("claim")}.get(d.phase)
+        waiting = {"CLEANING": Timer("abort"), "RECLAIMING": Timer("claim"), "ADOPTING": Timer("incarnation"),
+                   "REHYDRATING": Timer("restarted")}.get(d.phase)
         if waiting is not None and waiting in w.timers:
             out.append(f"timers_follow_calls: {d.phase} still has the {waiting.name} timer armed")
         for name, sub in subs_of(d).items():
@@ -639,9 +743,10 @@ class DriverSystem:
             if calls and not bounded and machine.phase not in UNBOUNDED_BY_DESIGN:
                 out.append(f"calls_under_a_deadline: {name or 'the coordinator'} is {machine.phase} with a call in "
                            f"flight and no timer armed")
-        target = w.driver.version
+        target = getattr(w.driver, "version", None)
         out += self._stage_problems(w, start)
         out += _session_problems(w, start)
+        out += _supervise_problems(w, start)
         for name, sub in subs_of(d).items():
             if isinstance(sub, CleanupEngineState) and sub.phase == "CLEANED":
                 placement = reg.placements.get((target, name))
@@ -773,6 +878,9 @@ def _session_problems(w: World, start: World) -> list[str]:
         if not g.engines <= set(ENGINES) or not g.refused <= g.engines:
             out.append(f"sub_state_is_true: {rid} records engines {sorted(g.engines)} (refused {sorted(g.refused)}): "
                        "not the view's answer")
+    if d.phase in ("OPEN", "BINDING", "BIND_UNKNOWN") and any(r.outcome is DriverOutcome.BOUND for r in w.reports):
+        out.append(f"report_is_true: BOUND reported, and the session is {d.phase} (it would refuse a generation as "
+                   "not bound, or bind again)")
     for report in w.reports:
         if report.outcome is DriverOutcome.BOUND and live and record is not None and (
                 record.version != d.version or d.version is None):
@@ -787,6 +895,60 @@ def _session_problems(w: World, start: World) -> list[str]:
                 (g := d.requests.get(report.subject)) is None or g.phase != "DONE"):
             out.append(f"report_is_true: {report.subject} GENERATED, its generation is "
                        f"{None if g is None else g.phase}")
+    return out
+
+
+def _supervise_flags(w: World, after: SuperviseState, commands: tuple[Any, ...]) -> list[str]:
+    """What a supervisor's step sent, judged against the world it was sent in."""
+    out = []
+    for c in commands:
+        if not isinstance(c, Rehydrate):
+            continue
+        o, sub = c.order, after.rehydrates.get(c.order.attempt_token)
+        if o.engine != after.engine or o.attempt_token in after.own or sub is None or sub.order != o:
+            out.append(f"rehydrates_what_is_owed: {o.version} on {o.engine} under {o.attempt_token!r} is not one of "
+                       f"the answer's stagings for {after.engine} outside its own")
+        placement = w.registry.placements.get((o.version, o.engine))
+        if placement is not None and placement.state is PlacementState.READY:
+            out.append(f"never_restages_ready: {o.version} rehydrated on {o.engine}, READY there already")
+    return out
+
+
+def _supervise_problems(w: World, start: World) -> list[str]:
+    d, out, reg = w.driver, [], w.registry
+    if not isinstance(d, SuperviseState):
+        return out
+    restarted = w.budget.crashes != start.budget.crashes  # a restart after the start moves what was true
+    faulted = not _fault_free(w, start)
+    for r in d.rehydrates.values():
+        placement = reg.placements.get((r.order.version, r.order.engine))
+        if r.phase == "READY" and not restarted and (placement is None or placement.state is not PlacementState.READY):
+            out.append(f"sub_state_is_true: {r.order.version} counted READY on {d.engine}, the registry has "
+                       f"{None if placement is None else placement.state}")
+        if r.phase == "FAILED" and not faulted:
+            out.append(f"rehydrate_fails_only_by_a_fault: {r.order.version} FAILED ({r.failure}) with no fault")
+        if r.phase == "FAILED" and r.failure is None:
+            out.append(f"failure_is_recorded: {r.order.version} FAILED without saying why")
+    for report in w.reports:
+        if report.outcome is DriverOutcome.REJECTED and not faulted:
+            out.append("rejected_needs_a_fault: REJECTED reported although nothing was lost, fired early or restarted")
+        if report.outcome is not DriverOutcome.RECONCILED:
+            continue
+        answer = w.journal.get(restarted_key(d.engine, d.incarnation))
+        owed = {e for e in answer.effects if isinstance(e, StageOnEngine)} if answer is not None else None
+        taken = {r.order for r in d.rehydrates.values()}
+        left = {e for e in d.left if isinstance(e, StageOnEngine)}
+        if owed is None or owed != taken | left or taken & left or any(e.attempt_token not in d.own for e in left):
+            out.append(f"report_is_true: RECONCILED, but the answer's stagings {owed} are not rehydrated {taken} "
+                       f"and left to its own publication {left} exactly")
+        if answer is not None and set(answer.effects) - owed != set(d.left) - left:
+            out.append("report_is_true: RECONCILED without leaving every other effect to its own driver")
+        if any(r.phase not in TERMINAL[MACHINE_OF[type(r)]] for r in d.rehydrates.values()):
+            out.append("report_is_true: RECONCILED while a rehydrate is still running")
+        if not restarted and not any(r.phase == "FAILED" for r in d.rehydrates.values()) and any(
+                (p := reg.placements.get((o.version, d.engine))) is None or p.state is not PlacementState.READY
+                for o in taken):
+            out.append("report_is_true: RECONCILED with nothing failed, but a version owed is not READY there")
     return out
 
 
@@ -867,9 +1029,10 @@ DRIVER_BOUNDS = (
     Budget(drops=1, dups=1, deadlines=0, cancels=0),
     Budget(drops=0, dups=0, deadlines=1, cancels=0, crashes=1),
 )
-# Rows no bound fires: each answers a refusal that only a party these scenarios leave out produces (the
-# restart supervisor's rehydrate attempts, which change an engine's attempt under a pending cleanup; a
-# forged or replayed reclaim id, issue 19). They keep the resource: each ends its engine UNCONFIRMED.
+# Rows no bound fires. The first six answer a refusal that only a party these scenarios leave out produces (a
+# rehydrate attempt that changes an engine's attempt under a pending cleanup; a forged or replayed reclaim id,
+# issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input that no executor
+# following driver_loop.py produces, and change nothing or end the work REJECTED.
 DEFENSIVE_ROWS = {
     "clean.refused": "cleanup.other_attempt / cleanup.reclaimed: a rehydrate attempt replaced the one cleaned",
     "cleaned.refused": "cleaned.stale_attempt: a restart replaced the attempt after the engine cleaned it",
@@ -877,6 +1040,12 @@ DEFENSIVE_ROWS = {
     "unload.refused": "reclaim.forged: another reclaim id reached the engine first",
     "unload.late_refusal": "the same refusal arriving after the deadline",
     "confirm.refused": "confirm.forged / confirm.not_claimed: a receipt under another reclaim id",
+    "incarnation.refused": "an engine port answers its incarnation or is unreachable (Lost); a typed refusal of the "
+    "read is an executor's port outside its contract",
+    "rehydrate.late_reply": "each of a rehydrate's calls is answered once and it arms no timer of its own, so nothing "
+    "reaches it after its answer (the row keeps an executor that delivered twice from raising)",
+    "rehydrate.late_refusal": "the same",
+    "rehydrate.late_lost": "the same",
 }
 
 

@@ -68,7 +68,7 @@ TWO_CALLS_PHASES = frozenset({"RECORDING_UNKNOWN", "ABORTING", "CLOSING", "CLEAN
                               "RELEASING"})  # a bind may land after the finish; a generation after its abort
 # The commands that start per-engine sub-machines, whose Settled then reaches the coordinator.
 STARTS_SUB_MACHINES = frozenset({"start_cleanups", "start_reclaims", "start_begins", "send_next_bucket", "start_ends",
-                                 "open_request", "abort_requests"})
+                                 "open_request", "abort_requests", "open_rehydrates"})
 UNCOVERED = frozenset(uncovered_driver_pairs())
 # Hand verdicts: mutant -> why no behaviour can tell it apart. Left out of N.
 EQUIVALENT: dict[str, str] = {
@@ -90,6 +90,8 @@ EQUIVALENT: dict[str, str] = {
     "FAILED_CLEAN: abort.loading cleans on every engine, abort.replay where a placement is still CLEANING (an "
     "ABORTED version keeps one until the last cleanup frees the slot), abort.replay_clean is FAILED_CLEAN; so "
     "abort.cleanup takes every answer the guard would refuse",
+    "add_command release.refused: disarm_bind": "the row ends the session CLOSED, a terminal phase whose executor "
+    "cancels every timer still armed: disarming the bind's timer one step earlier changes nothing",
 
 }
 
@@ -132,7 +134,8 @@ def draw(rng: random.Random) -> Mutant:
             target = rng.choice(options)
             return Mutant(f"change_target {r.id}: {r.target} -> {target}",
                           _replace(rows, i, attrs.evolve(r, target=target)))
-        if op == "change_report" and r.changes_state and (r.machine in (Driver.STAGE, Driver.SETTLE, Driver.RECLAIM)
+        if op == "change_report" and r.changes_state and (r.machine in (Driver.STAGE, Driver.SETTLE, Driver.RECLAIM,
+                                                                          Driver.SUPERVISE)
                                                           or r.report is not None):
             # (a sub-machine's row reports only in a session: a generation's outcome, to its caller)
             options = [None, *DriverOutcome]

@@ -32,6 +32,7 @@ from versioned_lora.lifecycle.drivers import (
     Lost,
     ReclaimEngineState,
     Refusal,
+    RehydrateState,
     Reply,
     Report,
     Resolve,
@@ -53,6 +54,7 @@ from versioned_lora.lifecycle.drivers import (
     stage_phase_moved,
     staging_started,
     subs_of,
+    supervise,
 )
 from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
@@ -66,6 +68,7 @@ from versioned_lora.lifecycle.results import (
     Recorded,
     Rejected,
     Reserved,
+    Restarted,
 )
 from versioned_lora.spec.drivers import (
     DRIVER_ROWS,
@@ -325,6 +328,12 @@ _REPLIES += [Reply(Bound(_SESSION, B, "n-B")), Reply(Closed(_SESSION, True)), fr
              "response"]
 _TIMERS += [Timer("bind"), Timer("close")]
 _RIDS = st.sampled_from(["r0", "r1"])
+# the restart supervisor: its read and report, and a rehydrate under the attempt token "t"
+_REHYDRATE = StageOnEngine("E0", B, "n-B", "t", 2, "d")
+_CALLS += [Call("incarnation"), Call("restarted"), Call("placement", "t"), Call("rehydrate", "t")]
+_REPLIES += [2, Reply(Restarted("E0", 2), (_REHYDRATE, _ORDERS["E0"])), Reply(Restarted("E0", 2)),
+             PlacementState.READY, PlacementState.BEGUN]
+_TIMERS += [Timer("incarnation"), Timer("restarted")]
 
 inputs = st.one_of(
     st.just(Start()),
@@ -343,7 +352,8 @@ inputs = st.one_of(
 starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, commit=False), reclaim(B),
                           stage(B, "t", 2, _STAGES), publication(B, "d", "n-E0", 2, "reserve:B"),
                           session(_SESSION), session(_SESSION, cleanup=True), session(_SESSION, close_only=True),
-                          attrs.evolve(session(_SESSION), phase="BOUND", version=B, lora_name="n-B")])
+                          attrs.evolve(session(_SESSION), phase="BOUND", version=B, lora_name="n-B"),
+                          supervise("E0"), supervise("E0", frozenset({"t"}))])
 
 
 @settings(max_examples=800, deadline=None)
@@ -357,7 +367,8 @@ def test_step_over_reachable_states_and_every_input(start, script) -> None:
             continue
         assert step.fired and all(f in {r.id for r in DRIVER_ROWS} for f in step.fired)
         for sub in subs_of(step.state).values():
-            assert isinstance(sub, (CleanupEngineState, ReclaimEngineState, StageEngineState, GenerationState))
+            assert isinstance(sub, (CleanupEngineState, ReclaimEngineState, StageEngineState, GenerationState,
+                                    RehydrateState))
         # Determinism: the same state and input give the same step (keys come from the state only).
         assert DRIVERS.step(state, inp) == step
         # Once done, a driver stays done.

@@ -27,6 +27,8 @@ LOST_AND_DEADLINE = (
     ("unload.lost", "unload.deadline"), ("confirm.lost", "unload.deadline"),
     # the session's registry calls (a generation's calls end by the backend's own timeout: a lost reply)
     ("bind.lost", "bind.deadline"), ("closing.lost", "closing.deadline"), ("release.lost", "release.deadline"),
+    # the restart supervisor's read and report (a rehydrate's calls end by the stage driver's own deadlines)
+    ("incarnation.lost", "incarnation.deadline"), ("adopt.lost", "adopt.deadline"),
 )
 
 

@@ -28,6 +28,7 @@ from versioned_lora.spec.events import (
     CloseAndRelease,
     Commit,
     ConfirmReclaim,
+    EngineRestarted,
     RecordCleaned,
     RecordPrepared,
     RecordReady,
@@ -37,7 +38,7 @@ from versioned_lora.spec.events import (
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey
 from versioned_lora.spec.reasons import Reason
-from versioned_lora.spec.states import SAME, VersionState
+from versioned_lora.spec.states import SAME, PlacementState, VersionState
 
 # ---------------------------------------------------------------- calls, timers, inputs, commands
 
@@ -233,6 +234,33 @@ class LocalCleanup:
 
 
 @attrs.frozen
+class ReadIncarnation:
+    """Ask the engine which incarnation it runs now: answered with the number."""
+
+    call: Call  # op: "incarnation"
+    engine: str
+
+
+@attrs.frozen
+class ViewPlacement:
+    """Read the registry's placement of `version` on `engine`: answered with its PlacementState."""
+
+    call: Call  # op: "placement", engine: the attempt token (the rehydrate's key)
+    version: VersionKey
+    engine: str
+
+
+@attrs.frozen
+class Rehydrate:
+    """Stage `order` (an attempt the registry issued for a restarted engine) from the snapshot store by its digest:
+    the executor runs the stage driver (its own rows and deadlines) and answers True once READY was recorded, a
+    Refusal (why) if it failed, Lost if the registry could not be reached."""
+
+    call: Call  # op: "rehydrate", engine: the attempt token
+    order: StageOnEngine
+
+
+@attrs.frozen
 class Arm:
     timer: Timer
     deadline: str  # the `runtime.deadlines.Deadlines` field that gives its seconds
@@ -253,7 +281,7 @@ class Report:
 
 
 Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
-                    | AbortGeneration | LocalCleanup)  # one I/O each, answered
+                    | AbortGeneration | LocalCleanup | ReadIncarnation | ViewPlacement | Rehydrate)  # answered
 Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
@@ -361,8 +389,29 @@ class SessionState:
     close_only: bool = False  # a session this process does not hold: the finish only sends the close
 
 
-DriverState: TypeAlias = StageState | SettleState | ReclaimState | SessionState
-SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState | GenerationState
+@attrs.frozen
+class RehydrateState:
+    phase: str
+    order: StageOnEngine
+    failure: str | None = None  # why it failed: the refusal's reason, or the input kind (Lost)
+
+
+@attrs.frozen
+class SuperviseState:
+    """One restarted engine: its incarnation reported, then one rehydrate per version the registry's answer stages
+    there (keyed by attempt token), except the attempts `own` (those its process's Publisher is staging itself)."""
+
+    phase: str
+    engine: str
+    own: frozenset[str] = frozenset()
+    incarnation: int = -1  # the engine's, once read
+    rehydrates: Map[str, RehydrateState] = attrs.field(factory=Map)
+    left: tuple[Any, ...] = ()  # the answer's effects for other drivers: own stagings, cleanups, reclaims
+    reason: str | None = None
+
+
+DriverState: TypeAlias = StageState | SettleState | ReclaimState | SessionState | SuperviseState
+SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState | GenerationState | RehydrateState
 
 
 def stage(version: VersionKey, attempt_token: str, bucket_count: int, orders: tuple[StageOnEngine, ...]) -> StageState:
@@ -398,6 +447,10 @@ def session(key: SessionKey, *, cleanup: bool = False, close_only: bool = False)
     return SessionState("OPEN", key, cleanup=cleanup, close_only=close_only)
 
 
+def supervise(engine: str, own: frozenset[str] = frozenset()) -> SuperviseState:
+    return SuperviseState("IDLE", engine, own)
+
+
 # ---------------------------------------------------------------- keys (derived from the state only)
 
 
@@ -422,6 +475,11 @@ def session_key(s: SessionState, call: str) -> str:
     closed one); a close-only finish, for a session this process no longer holds, has its own."""
     k = s.session
     return f"{'close-again' if s.close_only else call}:{k.epoch}:{k.shard}:{k.seq}"
+
+
+def restarted_key(engine: str, incarnation: int) -> str:
+    """One key per engine and incarnation: reporting the same incarnation again is answered from the journal."""
+    return f"incarnation:{engine}:{incarnation}"
 
 
 # ---------------------------------------------------------------- guards: (state, sub, input) -> bool
@@ -522,7 +580,22 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "version_unavailable": lambda s, sub, i: isinstance(i, Refusal) and i.reason == Reason.VERSION_UNAVAILABLE
     and bool(i.origin),
     "engines_left": lambda s, sub, i: isinstance(i, Refusal) and bool(sub.engines - sub.refused - {i.origin}),
+    # ---- supervise (s: the supervisor, sub: a rehydrate)
+    "answers_incarnation": lambda s, sub, i: _call_op(i) == "incarnation",
+    "answers_restarted": lambda s, sub, i: _call_op(i) == "restarted",
+    "incarnation_timer": lambda s, sub, i: _timer(i, "incarnation"),
+    "restarted_timer": lambda s, sub, i: _timer(i, "restarted"),
+    "names_rehydrates": lambda s, sub, i: bool(_owed(s, i)),
+    "rehydrates_settled": lambda s, sub, i: _settled(s),
+    "answers_placement": lambda s, sub, i: _call_op(i) == "placement",
+    "placement_ready": lambda s, sub, i: isinstance(i, Answer) and i.value is PlacementState.READY,
+    "answers_rehydrate": lambda s, sub, i: _call_op(i) == "rehydrate",
 }
+
+
+def _owed(s: SuperviseState, i: DriverInput) -> list[StageOnEngine]:
+    """The versions the registry's answer stages on this engine, except the attempts its own Publisher stages."""
+    return [o for o in _stages(i) if o.engine == s.engine and o.attempt_token not in s.own]
 
 # ---------------------------------------------------------------- command builders
 # (state, sub, input) -> (state', commands).
@@ -667,6 +740,15 @@ def _send_generate(g: GenerationState, s: SessionState, i: DriverInput) -> Built
     return g, (SendGeneration(Call("generate", g.rid), g.attempt_rid, s.lora_name, g.engines - g.refused),)
 
 
+def _open_rehydrates(s: SuperviseState, sub: None, i: DriverInput) -> Built:
+    owed = _owed(s, i)
+    reply = i.value if isinstance(i, Answer) and isinstance(i.value, Reply) else Reply(None)
+    rehydrates = {o.attempt_token: RehydrateState("VIEWING", o) for o in owed}
+    commands = tuple(ViewPlacement(Call("placement", o.attempt_token), o.version, o.engine) for o in owed)
+    left = tuple(e for e in reply.effects if e not in owed)
+    return attrs.evolve(s, rehydrates=Map(rehydrates), left=left), commands
+
+
 BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "start_begins": lambda s, sub, i: _start_calls(s, "begin", "begin", "BEGINNING"),
     "submit_reserve": lambda s, sub, i: (s, (Submit(Call("reserve"), Reserve(s.version, s.digest, s.fence),
@@ -739,6 +821,20 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "send_generate": _send_generate,
     "send_abort": lambda g, s, i: (g, (AbortGeneration(Call("abort", g.rid), g.attempt_rid),)),
     "hang_up": lambda g, s, i: (g, (HangUp(Call("generate", g.rid)),)),
+    # ---- supervise
+    "read_incarnation": lambda s, sub, i: (s, (ReadIncarnation(Call("incarnation"), s.engine),)),
+    "arm_incarnation": lambda s, sub, i: (s, (Arm(Timer("incarnation"), "report"),)),
+    "disarm_incarnation": lambda s, sub, i: (s, (Disarm(Timer("incarnation")),)),
+    "note_incarnation": lambda s, sub, i: (attrs.evolve(s, incarnation=int(i.value)) if isinstance(i, Answer)
+                                           else s, ()),
+    "submit_restarted": lambda s, sub, i: (s, (Submit(Call("restarted"), EngineRestarted(s.engine, s.incarnation),
+                                                      restarted_key(s.engine, s.incarnation)),)),
+    "arm_restarted": lambda s, sub, i: (s, (Arm(Timer("restarted"), "report"),)),
+    "disarm_restarted": lambda s, sub, i: (s, (Disarm(Timer("restarted")),)),
+    "open_rehydrates": _open_rehydrates,
+    # ---- rehydrate
+    "send_rehydrate": lambda r, s, i: (r, (Rehydrate(Call("rehydrate", r.order.attempt_token), r.order),)),
+    "note_failure": lambda r, s, i: (attrs.evolve(r, failure=_reason(i) or str(input_kind(i))), ()),
 }
 
 # ---------------------------------------------------------------- step
@@ -752,6 +848,8 @@ MACHINE_OF: dict[type, Driver] = {
     ReclaimEngineState: Driver.RECLAIM_ENGINE,
     SessionState: Driver.SESSION,
     GenerationState: Driver.GENERATION,
+    SuperviseState: Driver.SUPERVISE,
+    RehydrateState: Driver.REHYDRATE,
 }
 INPUT_KIND: dict[type, Input] = {
     Start: Input.START, Answer: Input.ANSWER, Refusal: Input.REFUSAL, Lost: Input.LOST,
@@ -784,13 +882,17 @@ def _engine_of(inp: DriverInput) -> str:
     return ""
 
 
+_SUBS = {SessionState: "requests", SuperviseState: "rehydrates"}  # else "engines"
+
+
 def subs_of(state: Any) -> Any:
-    """A coordinator's sub-machines by key: its engines', or a session's generations by request id."""
-    return state.requests if isinstance(state, SessionState) else state.engines
+    """A coordinator's sub-machines by key: its engines', a session's generations by request id, or a supervisor's
+    rehydrates by attempt token."""
+    return getattr(state, _SUBS.get(type(state), "engines"))
 
 
 def _with_subs(state: Any, subs: Any) -> Any:
-    return attrs.evolve(state, requests=subs) if isinstance(state, SessionState) else attrs.evolve(state, engines=subs)
+    return attrs.evolve(state, **{_SUBS.get(type(state), "engines"): subs})
 
 
 @attrs.frozen
@@ -937,3 +1039,13 @@ def confirmed_engines(state: ReclaimState) -> tuple[str, ...]:
     """The engines whose unload this reclaim confirmed to the registry."""
     return tuple(sorted(name for name, e in state.engines.items() if e.phase == "CONFIRMED"))
 
+
+def rehydrated_versions(state: SuperviseState) -> tuple[VersionKey, ...]:
+    """The versions READY on the supervised engine (staged now, or READY there already)."""
+    return tuple(sorted((r.order.version for r in state.rehydrates.values() if r.phase == "READY"), key=str))
+
+
+def failed_rehydrates(state: SuperviseState) -> tuple[tuple[VersionKey, str], ...]:
+    """(version, why) for each version owed that is not READY there (no request goes there for it)."""
+    return tuple(sorted(((r.order.version, r.failure or "") for r in state.rehydrates.values()
+                         if r.phase == "FAILED"), key=str))

@@ -371,11 +371,13 @@ def resolve(args: argparse.Namespace) -> int:
                 with console.status("syncing engine incarnations"):
                     await publisher.sync_incarnations()
             else:
-                from versioned_lora.runtime.supervisor import RestartSupervisor
+                from versioned_lora.runtime.supervisor import ReconcileStatus, RestartSupervisor
 
                 with console.status("syncing engine incarnations, rehydrating restarted engines"):
                     for reconciled in await RestartSupervisor(publisher).reconcile_all():
                         action = f"rehydrate {reconciled.engine}"
+                        if reconciled.status is not ReconcileStatus.RECONCILED:  # nothing adopted, or not known
+                            note("*", action, reconciled.status, reconciled.reason)
                         for key in reconciled.rehydrated:
                             note(key.version_id, action, "REHYDRATED", None)
                         for key, why in reconciled.failed:

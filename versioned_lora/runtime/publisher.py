@@ -53,7 +53,6 @@ from versioned_lora.lifecycle import (
     AcquireLease,
     EngineRestarted,
     LeaseGranted,
-    RegistryEffect,
     Rejected,
     ReleaseLease,
     RenewLease,
@@ -79,7 +78,7 @@ from versioned_lora.runtime.interfaces import (
 from versioned_lora.spec.drivers import DriverOutcome, Input
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.reasons import Reason
-from versioned_lora.spec.states import PlacementState, VersionState
+from versioned_lora.spec.states import VersionState
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -186,24 +185,18 @@ class Publisher:
 
     # ---- entry points
     async def sync_incarnations(self) -> None:
-        """Tell the registry each engine's current incarnation (a restarted engine invalidates its READY
-        and, for versions it must hold, yields rehydrate attempts: `supervisor.RestartSupervisor` carries them out)."""
+        """Tell the registry each engine's current incarnation, and stage nothing: a restarted engine's READY stops
+        counting (no request goes there) until `supervisor.RestartSupervisor` (or `rehydrate`) stages what the
+        registry's answer names. The same key as the supervisor's report, so its answer is the journal's."""
         for name in self.engines:
-            await self.adopt_incarnation(name)
+            incarnation = await self.engines[name].incarnation()
+            await submit_until_known(self.registry, EngineRestarted(name, incarnation),
+                                     drivers.restarted_key(name, incarnation), self.deadlines.report)
 
-    async def adopt_incarnation(self, engine: str) -> tuple[int, tuple[RegistryEffect, ...]]:
-        """Report `engine`'s current incarnation; returns it and the registry's answer's effects (for a new
-        incarnation: a StageOnEngine per version the engine must hold, and the cleanups and reclaims it owes). One
-        key per incarnation, so asking again is answered from the journal with the same effects."""
-        incarnation = await self.engines[engine].incarnation()
-        answer = await submit_until_known(self.registry, EngineRestarted(engine, incarnation),
-                                          f"incarnation:{engine}:{incarnation}", self.deadlines.report)
-        effects: tuple[RegistryEffect, ...] = answer.effects
-        return incarnation, effects
-
-    def is_staging(self, attempt_token: str) -> bool:
-        """True while this publisher stages the attempt itself (in `publish`): nobody else should stage it."""
-        return attempt_token in self._staging
+    @property
+    def staging(self) -> frozenset[str]:
+        """The attempt tokens this publisher stages itself now (in `publish`): nobody else should stage them."""
+        return frozenset(self._staging)
 
     @property
     def commit_unresolved(self) -> bool:
@@ -350,21 +343,28 @@ class Publisher:
                 return
 
     async def rehydrate(self, version: VersionKey, candidate: CandidatePort | None, engine: str) -> None:
-        """Stage a version on one restarted engine under the attempt the registry issued for it;
-        the default does not move. Without a candidate, the version's bytes are read from the snapshot store by
-        the digest the registry holds (verified on read): a publisher that never saw the version can rehydrate it."""
+        """Stage a version on one restarted engine under the attempt the registry issued for it (its placement
+        there, read from the view: the caller names the version); the default does not move. Without a candidate,
+        the bytes are read from the snapshot store. `supervisor.RestartSupervisor` is the way to bring an engine
+        back: it stages exactly what the registry's answer to the new incarnation names, and nothing READY there
+        already (rows `placement.*`); this is the same staging for a caller that holds the candidate."""
         view = await self.registry.publication_view()
         held = view.versions[version]
         placement = held.placements[engine]
-        if placement.state is PlacementState.READY:
-            return
-        assert placement.attempt_token is not None
+        if placement.attempt_token is None:
+            raise ValueError(f"{version} has no attempt on {engine} to stage (placement {placement.state})")
+        await self.stage_order(StageOnEngine(engine, version, held.lora_name, placement.attempt_token,
+                                             placement.incarnation, held.digest), candidate)
+
+    async def stage_order(self, order: StageOnEngine, candidate: CandidatePort | None = None) -> None:
+        """Run the stage driver for one attempt the registry issued (a rehydrate: `begin` at once, row
+        stage.start) on `order.engine`. Without a candidate, the version's bytes are read from the snapshot store
+        by the order's digest (verified on read): a publisher that never saw the version can rehydrate it. Raises
+        why it failed."""
         if candidate is None:
-            candidate = await self._stored_candidate(held.digest, held.lora_name)
-        stage = StageOnEngine(engine, version, candidate.lora_name, placement.attempt_token,
-                              placement.incarnation, candidate.digest)
-        loop, report = await self._run_stage(drivers.stage(version, placement.attempt_token, candidate.bucket_count,
-                                                           (stage,)), candidate, {})
+            candidate = await self._stored_candidate(order.digest, order.lora_name)
+        loop, report = await self._run_stage(drivers.stage(order.version, order.attempt_token,
+                                                           candidate.bucket_count, (order,)), candidate, {})
         if report.outcome is not DriverOutcome.STAGED:
             state = loop.state
             assert isinstance(state, drivers.StageState)

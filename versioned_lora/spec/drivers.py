@@ -4,8 +4,8 @@ Theory of operation (read this with `spec/table.py`, whose style it follows). Th
 engines decide what may happen; a *driver* carries one piece of work out against them: it sends calls,
 waits, and decides what to do with each answer. Those decisions lose data when they are made by hand
 (a cleanup derived from a view unloaded a just-committed default), so they are rows too, and the
-runtime's `Publisher` (staging, then commit or abort and cleanup) and `Reclaimer` only execute what a row
-commands.
+runtime's `Publisher` (staging, then commit or abort and cleanup), `Reclaimer`, `SessionBinder` and
+`RestartSupervisor` only execute what a row commands.
 
 A driver is sans-I/O: `step(state, input) -> (state, commands)` (`versioned_lora.lifecycle.drivers`).
 
@@ -66,6 +66,8 @@ class Driver(StrEnum):
     RECLAIM_ENGINE = "reclaim_engine"  # one engine's unload under the reclaim id, and its confirm
     SESSION = "session"  # one agentic session: its one shared bind, its generations, its close (RFC §4)
     GENERATION = "generation"  # one generation of a session (a request id): dispatch view, send, unknown, abort
+    SUPERVISE = "supervise"  # one engine after a restart: its incarnation reported, every version it owes rehydrated
+    REHYDRATE = "rehydrate"  # one version the restarted engine owes: the registry's placement read, then staged
 
 
 class Input(StrEnum):
@@ -101,6 +103,8 @@ class DriverOutcome(StrEnum):
     DROPPED = "DROPPED"  # the session began closing: the generation's response (if any) is not delivered
     RESOLVED = "RESOLVED"  # the unknown generation was ended on the engine (or nothing was unknown under that id)
     CLOSED = "CLOSED"  # close_and_release answered: the session's ref is released (once)
+    # A restart supervisor's outcome.
+    RECONCILED = "RECONCILED"  # the incarnation adopted; each version owed is READY there or failed (and says why)
 
 
 class SessionRefusal(StrEnum):
@@ -133,6 +137,10 @@ PHASES: dict[Driver, tuple[str, ...]] = {
     # UNKNOWN: the engine may have accepted it (its reply lost, its caller gone): never resent; `Resolve` aborts it.
     Driver.GENERATION: ("VIEWING", "SENDING", "UNKNOWN", "RESOLVING", "ABORTING", "DONE", "FAILED", "RESOLVED",
                         "ABORTED"),
+    # ASKING: the engine's incarnation; ADOPTING: EngineRestarted, whose answer names what the engine owes.
+    Driver.SUPERVISE: ("IDLE", "ASKING", "ADOPTING", "REHYDRATING", "DONE"),
+    # VIEWING: the registry's placement (READY there already: nothing to stage); STAGING: the stage driver runs.
+    Driver.REHYDRATE: ("VIEWING", "STAGING", "READY", "FAILED"),
 }
 # The phases in which a sub-machine is finished with its engine (its coordinator is told `Settled`).
 TERMINAL: dict[Driver, frozenset[str]] = {
@@ -144,6 +152,8 @@ TERMINAL: dict[Driver, frozenset[str]] = {
     Driver.RECLAIM_ENGINE: frozenset({"CONFIRMED", "UNCONFIRMED"}),
     Driver.SESSION: frozenset({"CLOSED"}),
     Driver.GENERATION: frozenset({"DONE", "FAILED", "RESOLVED", "ABORTED"}),
+    Driver.SUPERVISE: frozenset({"DONE"}),
+    Driver.REHYDRATE: frozenset({"READY", "FAILED"}),
 }
 # The phases whose entry tells the coordinator `Settled`: the terminal ones, and for staging WAITING too (the
 # RFC §3.2 barrier: the coordinator sends the next call once every engine is WAITING).
@@ -162,6 +172,11 @@ INPUTS: dict[Driver, tuple[Input, ...]] = {
     Driver.SESSION: (Input.BIND, Input.GENERATE, Input.RESOLVE, Input.FINISH, Input.ANSWER, Input.REFUSAL,
                      Input.LOST, Input.DEADLINE, Input.CANCEL, Input.SETTLED),
     Driver.GENERATION: (Input.GENERATE, Input.RESOLVE, Input.CANCEL, Input.ANSWER, Input.REFUSAL, Input.LOST),
+    Driver.SUPERVISE: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL,
+                       Input.SETTLED),
+    # No deadline of its own: the placement read is one registry read, and the stage driver that a rehydrate runs
+    # bounds each of its calls with its own deadlines.
+    Driver.REHYDRATE: (Input.ANSWER, Input.REFUSAL, Input.LOST),
 }
 
 
@@ -203,6 +218,7 @@ def late(id: str, machine: Driver, sources: str, input: Input, doc: str = "") ->
 SG, SN = Driver.STAGE, Driver.STAGE_ENGINE
 SE, CE, RC, RE = Driver.SETTLE, Driver.CLEANUP_ENGINE, Driver.RECLAIM, Driver.RECLAIM_ENGINE
 SS, GN = Driver.SESSION, Driver.GENERATION
+SV, RH = Driver.SUPERVISE, Driver.REHYDRATE
 R = SessionRefusal
 OPEN_PHASES = "OPEN BINDING BIND_UNKNOWN BOUND"  # a session before its finish began
 CLOSING_PHASES = "CLOSING ABORTING CLEANING_UP CLEANUP_FAILED RELEASING CLOSED"  # from its finish on
@@ -594,6 +610,73 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     late("generation.late_reply", GN, "*", I.ANSWER, doc="A reply to a call this phase does not wait for."),
     late("generation.late_refusal", GN, "*", I.REFUSAL),
     late("generation.late_lost", GN, "*", I.LOST),
+    # ================================================================ supervise (one restarted engine)
+    # What the engine owes is the registry's answer to its new incarnation (restart.new's effects); the supervisor
+    # decides only what to do with each answer. It stages no attempt its own process's Publisher is staging (the
+    # caller names those in `own`): that publication's own begin reaches the new incarnation, or fails and is
+    # aborted. Cleanups and reclaims the answer names are left to `Publisher.recover` and `Reclaimer.reclaim`, whose
+    # drivers' rows finish them.
+    row("supervise.start", SV, "IDLE", I.START, "ASKING", commands=("read_incarnation", "arm_incarnation"),
+        doc="Ask the engine which incarnation it runs now (a restarted one has a new one and holds nothing)."),
+    row("incarnation.read", SV, "ASKING", I.ANSWER, "ADOPTING", guards=("answers_incarnation",),
+        commands=("disarm_incarnation", "note_incarnation", "submit_restarted", "arm_restarted"),
+        doc="Report it under one key per engine and incarnation: reconciling again is answered from the journal, "
+            "with the same attempts."),
+    row("incarnation.refused", SV, "ASKING", I.REFUSAL, "DONE", guards=("answers_incarnation",),
+        commands=("disarm_incarnation",), report=O.REJECTED, doc="Nothing was reported: reconcile again."),
+    row("incarnation.lost", SV, "ASKING", I.LOST, "DONE", guards=("answers_incarnation",),
+        commands=("disarm_incarnation",), report=O.REJECTED,
+        doc="The engine did not answer (still starting?): nothing was reported; reconcile again once it is up."),
+    row("incarnation.deadline", SV, "ASKING", I.DEADLINE, "DONE", guards=("incarnation_timer",), report=O.REJECTED,
+        doc="A read changes nothing: its late answer lands late, and nothing was reported."),
+    row("adopt.rehydrate", SV, "ADOPTING", I.ANSWER, "REHYDRATING", guards=("answers_restarted", "names_rehydrates"),
+        commands=("disarm_restarted", "open_rehydrates"),
+        doc="One rehydrate per version the answer stages on this engine, except the attempts of `own`; every other "
+            "effect is left to the driver that owns it."),
+    row("adopt.nothing", SV, "ADOPTING", I.ANSWER, "DONE", guards=("answers_restarted",),
+        commands=("disarm_restarted", "open_rehydrates"), report=O.RECONCILED,
+        doc="Nothing to rehydrate here (what the answer names is left to its own driver)."),
+    row("adopt.refused", SV, "ADOPTING", I.REFUSAL, "DONE", guards=("answers_restarted",),
+        commands=("disarm_restarted",), report=O.REJECTED,
+        doc="restart.stale: the registry holds a newer incarnation (the engine restarted again): reconcile again."),
+    row("adopt.lost", SV, "ADOPTING", I.LOST, SAME, guards=("answers_restarted",), commands=("submit_restarted",),
+        doc="It may have landed: the same key again (answered from the journal if it did)."),
+    row("adopt.deadline", SV, "ADOPTING", I.DEADLINE, "DONE", guards=("restarted_timer",), report=O.UNKNOWN,
+        doc="The adoption may have landed (then routing already keeps requests off the engine): nothing is staged "
+            "on the strength of it; reconciling again sends the same key."),
+    row("rehydrating.done", SV, "REHYDRATING", I.SETTLED, "DONE", guards=("rehydrates_settled",),
+        report=O.RECONCILED,
+        doc="Every version owed is READY there, or failed and says why (its placement stays short of READY, so no "
+            "request goes there for it; reconciling again stages it again)."),
+    late("rehydrating.waiting", SV, "REHYDRATING", I.SETTLED, doc="Other versions are still being staged."),
+    row("supervise.cancel", SV, "ASKING ADOPTING REHYDRATING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="The caller gave up: calls in flight are cancelled; what was not staged stays short of READY."),
+    late("supervise.late_reply", SV, "ADOPTING REHYDRATING DONE", I.ANSWER,
+         doc="The read's or the report's answer after their deadline, or after a cancel."),
+    late("supervise.late_refusal", SV, "ADOPTING REHYDRATING DONE", I.REFUSAL),
+    late("supervise.late_lost", SV, "ADOPTING REHYDRATING DONE", I.LOST),
+    late("supervise.late_timer", SV, "ADOPTING REHYDRATING DONE", I.DEADLINE,
+         doc="A timer that fired while its call's answer was already in the inbox."),
+    late("supervise.late_cancel", SV, "DONE", I.CANCEL),
+    # ================================================================ rehydrate (one version the engine owes)
+    row("placement.ready", RH, "VIEWING", I.ANSWER, "READY", guards=("answers_placement", "placement_ready"),
+        doc="READY there already (a reconcile asked again and its answer was replayed): nothing is staged twice."),
+    row("placement.stage", RH, "VIEWING", I.ANSWER, "STAGING", guards=("answers_placement",),
+        commands=("send_rehydrate",),
+        doc="Stage it under the attempt the registry issued, from the snapshot store by the digest it names (the "
+            "stage driver: begin, each bucket, end, the probe, READY recorded)."),
+    row("placement.lost", RH, "VIEWING", I.LOST, "FAILED", guards=("answers_placement",), commands=("note_failure",),
+        doc="The registry could not be read: nothing was staged."),
+    row("rehydrate.ready", RH, "STAGING", I.ANSWER, "READY", guards=("answers_rehydrate",),
+        doc="READY recorded for this incarnation: requests for the version may go to the engine again."),
+    row("rehydrate.refused", RH, "STAGING", I.REFUSAL, "FAILED", guards=("answers_rehydrate",),
+        commands=("note_failure",),
+        doc="The snapshot missing or corrupt, the engine refusing, the probe differing: not READY there."),
+    row("rehydrate.lost", RH, "STAGING", I.LOST, "FAILED", guards=("answers_rehydrate",), commands=("note_failure",),
+        doc="Not known to be READY: the registry's placement says what landed; reconciling again finishes it."),
+    late("rehydrate.late_reply", RH, "*", I.ANSWER, doc="Each of its calls is answered once: an executor's bug."),
+    late("rehydrate.late_refusal", RH, "*", I.REFUSAL),
+    late("rehydrate.late_lost", RH, "*", I.LOST),
 )
 # fmt: on
 

@@ -91,7 +91,8 @@ def render_drivers(rows: tuple[DriverRow, ...] = DRIVER_ROWS) -> str:
     """The driver machines (spec/drivers.py): one diagram each, then every row."""
     out = [GENERATED.replace("table.py", "drivers.py"), "", "# Driver machines", ""]
     out.append(
-        "What the Publisher's staging, commit/abort/cleanup and the Reclaimer decide, as rows: the runtime only "
+        "What the Publisher's staging, commit/abort/cleanup, the Reclaimer, the SessionBinder and the "
+        "RestartSupervisor decide, as rows: the runtime only "
         "executes their commands (`runtime/driver_loop.py`), the model checker runs the same rows "
         "(`model_checks/drivers.py`)."
         " Diagrams draw the rows that move; the table lists every row, including those that change nothing."
