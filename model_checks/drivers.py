@@ -90,6 +90,15 @@ Properties, on every reachable world:
                            own driver, and (nothing failed) every version owed READY there
   sub_state_is_true        a rehydrate counted READY is READY in the registry
   rehydrate_fails_only_by_a_fault, rejected_needs_a_fault   FAILED and REJECTED only after a fault or a restart
+  A recovery (RECOVER_SCENARIOS: B's attempt left pending by a crashed publisher; its settle driver runs as one
+  step, and may report UNKNOWN under the drops budget):
+  settles_only_what_is_pending  a settle is sent only for an attempt LOADING or ABORTED in the registry
+  commits_only_what_is_stored   a commit only for a LOADING attempt whose bytes the snapshot store holds
+  never_commits_the_unstored    no version whose bytes the store lacks is ever committed
+  settles_under_the_lease       every settle carries the fence of the lease this recovery holds
+  report_is_true           RECOVERED only with nothing pending and the settle COMMITTED or FAILED_CLEAN as the
+                           registry has it; a stored attempt READY everywhere is never aborted without a fault
+  rejected_needs_a_fault   REJECTED only after a fault, or when another publisher holds the lease
   committed_stays_loaded   (above) is checked for the placements of the incarnation each engine runs: a READY of
                            an incarnation it no longer runs counts for nothing (the restart not adopted yet)
   registry invariants      every invariant of spec/invariants.py on every registry state
@@ -130,10 +139,12 @@ from versioned_lora.lifecycle.drivers import (
     HangUp,
     LocalCleanup,
     Lost,
+    PendingAttempt,
     ReadIncarnation,
     ReclaimEngine,
     ReclaimEngineState,
     ReclaimState,
+    RecoverState,
     Refusal,
     Rehydrate,
     Reply,
@@ -141,18 +152,23 @@ from versioned_lora.lifecycle.drivers import (
     Resolve,
     SendGeneration,
     SessionState,
+    SettleAttempt,
     SettleState,
     StageEngine,
     StageState,
     Start,
     Submit,
     SuperviseState,
+    TakeLease,
     Timer,
     ViewDispatch,
+    ViewPending,
     ViewPlacement,
+    committable,
     is_done,
     publication,
     reclaim,
+    recover,
     restarted_key,
     session,
     settle,
@@ -160,12 +176,13 @@ from versioned_lora.lifecycle.drivers import (
     subs_of,
     supervise,
 )
-from versioned_lora.lifecycle.effects import StageOnEngine
+from versioned_lora.lifecycle.effects import CleanupOnEngine, StageOnEngine
 from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, DriverOutcome, Input, SessionRefusal
 from versioned_lora.spec.events import (
     Abort,
+    AcquireLease,
     AcquireRequest,
     BeginStaging,
     BindFirst,
@@ -203,6 +220,9 @@ UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED", "CHECKING"})  # CHECKING: 
 UNBOUNDED_BY_DESIGN |= {"BIND_UNKNOWN", "CLEANING_UP", "VIEWING", "SENDING", "RESOLVING", "ABORTING"}
 # A rehydrate's staging: the stage driver it runs bounds each of its calls with its own deadlines.
 UNBOUNDED_BY_DESIGN |= {"STAGING"}
+# A recovery's lease and settle: the acquire is retried under the reserve's deadline inside the publisher's call (then
+# Lost), and the settle driver bounds each of its calls with its own deadlines.
+UNBOUNDED_BY_DESIGN |= {"LEASING", "SETTLING"}
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
 ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
                 "bucket": "answers_bucket", "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready",
@@ -211,7 +231,8 @@ ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepare
                 "reclaim": "answers_engine_reclaim", "confirm": "answers_confirm", "bind": "answers_bind",
                 "begin_close": "answers_begin_close", "close": "answers_close", "local_cleanup": "answers_cleanup",
                 "view": "answers_view", "generate": "answers_generate", "incarnation": "answers_incarnation",
-                "restarted": "answers_restarted", "placement": "answers_placement", "rehydrate": "answers_rehydrate"}
+                "restarted": "answers_restarted", "placement": "answers_placement", "rehydrate": "answers_rehydrate",
+                "pending": "answers_pending", "lease": "answers_lease", "settle": "answers_settle"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 O = DriverOutcome  # noqa: E741
@@ -219,9 +240,11 @@ OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.REPLAYED, O.REJECTED, O.UNK
             SettleState: {O.COMMITTED, O.FAILED_CLEAN, O.UNKNOWN},
             ReclaimState: {O.RECLAIMED, O.PENDING, O.REJECTED, O.UNKNOWN},
             SessionState: {O.BOUND, O.GENERATED, O.DROPPED, O.RESOLVED, O.CLOSED, O.REJECTED, O.UNKNOWN},
-            SuperviseState: {O.RECONCILED, O.REJECTED, O.UNKNOWN}}
+            SuperviseState: {O.RECONCILED, O.REJECTED, O.UNKNOWN},
+            RecoverState: {O.RECOVERED, O.REJECTED, O.UNKNOWN}}
 CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine, ViewDispatch, SendGeneration, AbortGeneration,
-         LocalCleanup, ReadIncarnation, ViewPlacement, Rehydrate)  # commands that are one call each
+         LocalCleanup, ReadIncarnation, ViewPlacement, Rehydrate, ViewPending, TakeLease,
+         SettleAttempt)  # commands that are one call each
 
 
 @attrs.frozen
@@ -255,6 +278,7 @@ class World:
     caller: tuple[str, ...] = ()
     pending: frozenset[str] = frozenset()
     asked: frozenset[str] = frozenset()  # the request ids asked about so far (a caller may go away after its answer)
+    unstored: frozenset[VersionKey] = frozenset()  # versions whose bytes the snapshot store lacks (a recovery's)
 
 
 @attrs.frozen
@@ -374,6 +398,8 @@ def scenario(name: str, budget: Budget) -> World:
         return _session_world(name, budget)
     if name in SUPERVISE_SCENARIOS:
         return _supervise_world(name, budget)
+    if name in RECOVER_SCENARIOS:
+        return _recover_world(name, budget)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
@@ -451,13 +477,39 @@ def _supervise_world(name: str, budget: Budget) -> World:
     return attrs.evolve(_world(s, supervise("E0", own), budget), journal=journal)
 
 
+# A publisher crashed with B's attempt pending (B READY everywhere, not committed); the next one recovers it.
+RECOVER_SCENARIOS = (
+    "recover",  # B's bytes are in the snapshot store: committed
+    "recover_unstored",  # they are not (the publisher died before writing them): aborted and cleaned, never committed
+    "recover_aborted",  # B was aborted, its cleanups still owed: aborted again, cleaned
+    "recover_leased",  # another publisher holds the lease (its attempt in flight looks the same): left as it is
+    "recover_none",  # nothing pending: no lease is taken
+)
+HOLDER = "recovering-publisher"
+RIVAL = "rival-publisher"
+
+
+def _recover_world(name: str, budget: Budget) -> World:
+    s = _Setup()
+    s.stage(A)
+    s.commit(A)
+    if name != "recover_none":
+        s.stage(B)
+    if name == "recover_aborted":
+        s.reg_step(Abort(B, s.tokens[B][1]))
+    if name == "recover_leased":
+        s.reg_step(AcquireLease(RIVAL, 10.0))
+    w = _world(s, recover(), budget)
+    return attrs.evolve(w, unstored=frozenset({B}) if name == "recover_unstored" else frozenset())
+
+
 CALLER_INPUTS = {"bind": lambda rid: (Bind(), "bind"), "gen": lambda rid: (Generate(rid), rid),
                  "resolve": lambda rid: (Resolve(rid), rid), "finish": lambda rid: (Finish(), "finish")}
 
 
 SCENARIOS = ("stage", "stage_probe_mismatch", "reserve_name_mismatch", "reserve_replay", "reserve_conflict", "commit",
              "commit_not_ready", "abort", "abort_after_commit", "abort_again", "reclaim", "reclaim_in_use",
-             "reclaim_done", *SESSION_SCENARIOS, *SUPERVISE_SCENARIOS)
+             "reclaim_done", *SESSION_SCENARIOS, *SUPERVISE_SCENARIOS, *RECOVER_SCENARIOS)
 
 # ---------------------------------------------------------------- successors
 
@@ -505,6 +557,8 @@ class DriverSystem:
             flags += _session_flags(w.driver, step.state, step.commands)
         if isinstance(step.state, SuperviseState):
             flags += _supervise_flags(w, step.state, step.commands)
+        if isinstance(step.state, RecoverState):
+            flags += _recover_flags(w, step.commands)
         if is_done(step.state):  # the loop ends: its timers are cancelled, late replies land nowhere
             timers.clear()
         pending = w.pending - {c.subject for c in step.commands if isinstance(c, Report)}
@@ -551,6 +605,17 @@ class DriverSystem:
             return w, Answer(command.call, w.registry.placements[(command.version, command.engine)].state)
         if isinstance(command, Rehydrate):
             return self._rehydrate(w, command)
+        if isinstance(command, ViewPending):  # the executor's answer: every version, with the store's say
+            return w, Answer(command.call, tuple(PendingAttempt(k, v.state, v.attempt_token, v.lora_name,
+                                                                k not in w.unstored)
+                                                 for k, v in sorted(w.registry.versions.items())))
+        if isinstance(command, TakeLease):
+            registry, result, _ = CORE.step(w.registry, AcquireLease(HOLDER, 10.0))
+            outcome = Refusal(command.call, str(result.reason)) if isinstance(result, Rejected) else Answer(
+                command.call, result)
+            return attrs.evolve(w, registry=registry), outcome
+        if isinstance(command, SettleAttempt):
+            return self._settle(w, command)
         if isinstance(command, ReadIncarnation):
             return w, Answer(command.call, w.engines[ENGINES.index(command.engine)].incarnation)
         if isinstance(command, (AbortGeneration, LocalCleanup)):
@@ -621,6 +686,29 @@ class DriverSystem:
             engine, registry = (after, registry) if party == "engine" else (engine, after)
         return attrs.evolve(w, engines=(*w.engines[:i], engine, *w.engines[i + 1:]), registry=registry), outcome
 
+    @staticmethod
+    def _settle(w: World, command: SettleAttempt) -> tuple[World, Any]:
+        """The settle driver a recovery runs, as one step (its own rows are checked by the commit and abort
+        scenarios): the commit, or after its refusal (or without one) the abort and each cleanup its answer names;
+        answered with the outcome the settle driver would report."""
+        a, registry, engines = command.attempt, w.registry, list(w.engines)
+        if command.commit:
+            registry, result, _ = CORE.step(registry, Commit(a.version, a.attempt_token, registry.default_revision,
+                                                             command.fence))
+            if not isinstance(result, Rejected):
+                return attrs.evolve(w, registry=registry), Answer(command.call, DriverOutcome.COMMITTED)
+        registry, result, effects = CORE.step(registry, Abort(a.version, a.attempt_token))
+        if not isinstance(result, Rejected):
+            for cleanup in (e for e in effects if isinstance(e, CleanupOnEngine)):
+                i = ENGINES.index(cleanup.engine)
+                engines[i], cleaned, _ = CORE.engine_step(engines[i], CleanupAttempt(cleanup.lora_name,
+                                                                                     cleanup.attempt_token))
+                if not isinstance(cleaned, Rejected):
+                    registry, _, _ = CORE.step(registry, RecordCleaned(a.version, a.attempt_token, cleanup.engine))
+        clean = registry.versions[a.version].state is VersionState.FAILED_CLEAN
+        return attrs.evolve(w, registry=registry, engines=tuple(engines)), Answer(
+            command.call, DriverOutcome.FAILED_CLEAN if clean else DriverOutcome.UNKNOWN)
+
     def successors(self, w: World) -> Iterator[tuple[str, World]]:
         if not w.started:  # the executor's first input, once (spec/drivers.NOT_POSSIBLE)
             yield "start", attrs.evolve(self._feed(w, Start())[0], started=True)
@@ -642,6 +730,11 @@ class DriverSystem:
                     yield f"serve {kind} {payload}", served
                     continue
                 yield f"serve {payload}", attrs.evolve(served, net=_sorted((*served.net, ("rep", reply))))
+                if isinstance(payload, SettleAttempt) and b.drops:  # inside the settle driver: its last call's
+                    # reply lost past its deadline (it landed): the driver reports UNKNOWN
+                    unknown = ("rep", Answer(payload.call, DriverOutcome.UNKNOWN))
+                    yield f"settle unknown {payload}", attrs.evolve(
+                        served, net=_sorted((*served.net, unknown)), budget=attrs.evolve(b, drops=b.drops - 1))
                 if b.drops:
                     spent = attrs.evolve(b, drops=b.drops - 1)
                     # the reply is lost after the call was applied, or the request itself never arrived
@@ -747,6 +840,7 @@ class DriverSystem:
         out += self._stage_problems(w, start)
         out += _session_problems(w, start)
         out += _supervise_problems(w, start)
+        out += _recover_problems(w, start)
         for name, sub in subs_of(d).items():
             if isinstance(sub, CleanupEngineState) and sub.phase == "CLEANED":
                 placement = reg.placements.get((target, name))
@@ -952,6 +1046,51 @@ def _supervise_problems(w: World, start: World) -> list[str]:
     return out
 
 
+def _recover_flags(w: World, commands: tuple[Any, ...]) -> list[str]:
+    """What a recovery's step sent, judged against the registry it was sent to."""
+    out = []
+    reg = w.registry
+    for c in commands:
+        if not isinstance(c, SettleAttempt):
+            continue
+        version = reg.versions.get(c.attempt.version)
+        state = None if version is None else version.state
+        if state not in (VersionState.LOADING, VersionState.ABORTED):
+            out.append(f"settles_only_what_is_pending: {c.attempt.version} settled while {state}")
+        if c.commit and (c.attempt.version in w.unstored or state is not VersionState.LOADING):
+            out.append(f"commits_only_what_is_stored: {c.attempt.version} committed, its bytes "
+                       f"{'missing from' if c.attempt.version in w.unstored else 'in'} the store, while {state}")
+        if reg.lease.holder != HOLDER or reg.lease.fence != c.fence:
+            out.append(f"settles_under_the_lease: {c.attempt.version} settled, the lease is {reg.lease}")
+    return out
+
+
+def _recover_problems(w: World, start: World) -> list[str]:
+    d, out, reg = w.driver, [], w.registry
+    if not isinstance(d, RecoverState):
+        return out
+    for v in w.unstored:
+        if reg.versions[v].state in COMMITTED:
+            out.append(f"never_commits_the_unstored: {v} is {reg.versions[v].state}, its bytes are not in the store")
+    for report in w.reports:
+        pending = [k for k, v in reg.versions.items() if v.state in (VersionState.LOADING, VersionState.ABORTED)]
+        if report.outcome is DriverOutcome.RECOVERED and (pending or (d.attempt is not None and d.outcome not in (
+                DriverOutcome.COMMITTED, DriverOutcome.FAILED_CLEAN))):
+            out.append(f"report_is_true: RECOVERED with {pending} pending, the settle's outcome {d.outcome}")
+        leased = start.registry.lease.holder == RIVAL
+        if report.outcome is DriverOutcome.REJECTED and _fault_free(w, start) and not leased:
+            out.append("rejected_needs_a_fault: REJECTED although nothing failed and nobody else holds the lease")
+    restarted = w.budget.crashes != start.budget.crashes
+    if d.attempt is not None and d.outcome not in (None, DriverOutcome.UNKNOWN) and not restarted:
+        state = reg.versions[d.attempt.version].state
+        wanted = COMMITTED if d.outcome is DriverOutcome.COMMITTED else {VersionState.FAILED_CLEAN}
+        if state not in wanted:
+            out.append(f"report_is_true: settled {d.outcome}, the registry has {state}")
+        if d.outcome is DriverOutcome.FAILED_CLEAN and committable(d.attempt) and _fault_free(w, start):
+            out.append("report_is_true: a stored attempt READY everywhere was aborted with no fault")
+    return out
+
+
 def _received(w: World, engine: str, d: StageState) -> int:
     adapter = w.engines[ENGINES.index(engine)].adapters.get(d.engines[engine].order.lora_name)
     if adapter is None:
@@ -1046,6 +1185,9 @@ DEFENSIVE_ROWS = {
     "reaches it after its answer (the row keeps an executor that delivered twice from raising)",
     "rehydrate.late_refusal": "the same",
     "rehydrate.late_lost": "the same",
+    "pending.refused": "the recovery's read of the registry's versions answers or is lost; a typed refusal of it is "
+    "an executor's port outside its contract",
+    "settle.refused": "a settle driver answers with its outcome (or its executor fails: Lost), never a refusal",
 }
 
 

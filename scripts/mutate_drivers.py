@@ -135,7 +135,7 @@ def draw(rng: random.Random) -> Mutant:
             return Mutant(f"change_target {r.id}: {r.target} -> {target}",
                           _replace(rows, i, attrs.evolve(r, target=target)))
         if op == "change_report" and r.changes_state and (r.machine in (Driver.STAGE, Driver.SETTLE, Driver.RECLAIM,
-                                                                          Driver.SUPERVISE)
+                                                                          Driver.SUPERVISE, Driver.RECOVER)
                                                           or r.report is not None):
             # (a sub-machine's row reports only in a session: a generation's outcome, to its caller)
             options = [None, *DriverOutcome]

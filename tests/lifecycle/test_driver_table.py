@@ -30,6 +30,7 @@ from versioned_lora.lifecycle.drivers import (
     Generate,
     GenerationState,
     Lost,
+    PendingAttempt,
     ReclaimEngineState,
     Refusal,
     RehydrateState,
@@ -46,6 +47,7 @@ from versioned_lora.lifecycle.drivers import (
     is_done,
     publication,
     reclaim,
+    recover,
     session,
     settle,
     stage,
@@ -63,6 +65,7 @@ from versioned_lora.lifecycle.results import (
     Bound,
     Closed,
     Committed,
+    LeaseGranted,
     ReclaimClaimed,
     ReclaimConfirmed,
     Recorded,
@@ -334,6 +337,12 @@ _CALLS += [Call("incarnation"), Call("restarted"), Call("placement", "t"), Call(
 _REPLIES += [2, Reply(Restarted("E0", 2), (_REHYDRATE, _ORDERS["E0"])), Reply(Restarted("E0", 2)),
              PlacementState.READY, PlacementState.BEGUN]
 _TIMERS += [Timer("incarnation"), Timer("restarted")]
+# a recovery: the registry's versions (B pending, stored or not), the lease, the settle's outcome
+_CALLS += [Call("pending"), Call("lease"), Call("settle")]
+_REPLIES += [(PendingAttempt(B, VersionState.LOADING, "t", "n-B", True),),
+             (PendingAttempt(B, VersionState.LOADING, "t", "n-B", False),),
+             (PendingAttempt(B, VersionState.PUBLISHED, "t", "n-B", True),), (),
+             LeaseGranted("me", 3, 10.0), DriverOutcome.COMMITTED, DriverOutcome.UNKNOWN]
 
 inputs = st.one_of(
     st.just(Start()),
@@ -353,7 +362,7 @@ starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, com
                           stage(B, "t", 2, _STAGES), publication(B, "d", "n-E0", 2, "reserve:B"),
                           session(_SESSION), session(_SESSION, cleanup=True), session(_SESSION, close_only=True),
                           attrs.evolve(session(_SESSION), phase="BOUND", version=B, lora_name="n-B"),
-                          supervise("E0"), supervise("E0", frozenset({"t"}))])
+                          supervise("E0"), supervise("E0", frozenset({"t"})), recover()])
 
 
 @settings(max_examples=800, deadline=None)

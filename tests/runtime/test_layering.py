@@ -38,15 +38,21 @@ def test_adapters_implement_the_runtime_ports() -> None:
 
 
 def test_the_driver_executors_decide_nothing_by_state_or_reason() -> None:
-    """The Reclaimer and the driver loop execute spec/drivers.py's rows: they import no state or reason
-    names (what they would compare to decide), and read no view of the registry."""
+    """The Reclaimer, the restart supervisor and the driver loop execute spec/drivers.py's rows: they import no
+    state or reason names (what they would compare to decide), and read no view of the registry, except the
+    supervisor where its driver commands it (`ViewPlacement`)."""
     folder = Path(runtime_pkg.__file__).parent
-    for name in ("reclaimer.py", "driver_loop.py"):
+    for name in ("reclaimer.py", "driver_loop.py", "supervisor.py"):
         path = folder / name
         modules = imported_modules(path)
         assert not modules & {"versioned_lora.spec.states", "versioned_lora.spec.reasons"}, (name, modules)
         source = path.read_text()
-        assert "publication_view" not in source and "version_states" not in source, name
+        assert "version_states" not in source, name
+        reads = source.count("publication_view")
+        assert reads == (name == "supervisor.py"), (name, reads)
+    supervisor = (folder / "supervisor.py").read_text()
+    assert "if isinstance(command, ViewPlacement):\n                view = await self.publisher.registry." \
+           "publication_view()" in supervisor
 
 
 def test_the_library_side_reaches_the_engine_patch_only_over_its_wire() -> None:

@@ -17,7 +17,15 @@ from immutables import Map
 
 from versioned_lora.lifecycle.effects import CapacityFreed, CleanupOnEngine, ReclaimOnEngine, StageOnEngine
 from versioned_lora.lifecycle.errors import ProtocolError
-from versioned_lora.lifecycle.results import Aborted, Bound, ReclaimClaimed, ReclaimConfirmed, Rejected, Reserved
+from versioned_lora.lifecycle.results import (
+    Aborted,
+    Bound,
+    LeaseGranted,
+    ReclaimClaimed,
+    ReclaimConfirmed,
+    Rejected,
+    Reserved,
+)
 from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, DriverOutcome, DriverRow, Input
 from versioned_lora.spec.events import (
     NO_FENCE,
@@ -261,6 +269,43 @@ class Rehydrate:
 
 
 @attrs.frozen
+class PendingAttempt:
+    """A version's attempt as the registry holds it, and whether the snapshot store holds its bytes."""
+
+    version: VersionKey
+    state: VersionState
+    attempt_token: str
+    lora_name: str
+    stored: bool
+
+
+@attrs.frozen
+class ViewPending:
+    """Read every version's attempt from the registry: answered with a tuple of `PendingAttempt`, in version order
+    (the rows pick the pending ones)."""
+
+    call: Call  # op: "pending"
+
+
+@attrs.frozen
+class TakeLease:
+    """Acquire the publisher lease (the holder asking again renews it): answered with `LeaseGranted`, or refused."""
+
+    call: Call  # op: "lease"
+
+
+@attrs.frozen
+class SettleAttempt:
+    """Run the settle driver for `attempt`: commit it under `fence` (resolved until known, its own rows), or abort it
+    and clean what the answer names. Answered with the settle driver's outcome (a `DriverOutcome`)."""
+
+    call: Call  # op: "settle"
+    attempt: PendingAttempt
+    commit: bool
+    fence: int
+
+
+@attrs.frozen
 class Arm:
     timer: Timer
     deadline: str  # the `runtime.deadlines.Deadlines` field that gives its seconds
@@ -281,7 +326,8 @@ class Report:
 
 
 Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
-                    | AbortGeneration | LocalCleanup | ReadIncarnation | ViewPlacement | Rehydrate)  # answered
+                    | AbortGeneration | LocalCleanup | ReadIncarnation | ViewPlacement | Rehydrate | ViewPending
+                    | TakeLease | SettleAttempt)  # one I/O each (a Rehydrate, a SettleAttempt: a driver), answered
 Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
@@ -410,7 +456,19 @@ class SuperviseState:
     reason: str | None = None
 
 
-DriverState: TypeAlias = StageState | SettleState | ReclaimState | SessionState | SuperviseState
+@attrs.frozen
+class RecoverState:
+    """What a crashed publisher left: the attempt pending (the registry holds at most one), settled under the
+    lease's `fence`; `outcome` is its settle driver's."""
+
+    phase: str
+    attempt: PendingAttempt | None = None
+    fence: int = NO_FENCE
+    outcome: DriverOutcome | None = None
+    reason: str | None = None
+
+
+DriverState: TypeAlias = StageState | SettleState | ReclaimState | SessionState | SuperviseState | RecoverState
 SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState | GenerationState | RehydrateState
 
 
@@ -449,6 +507,10 @@ def session(key: SessionKey, *, cleanup: bool = False, close_only: bool = False)
 
 def supervise(engine: str, own: frozenset[str] = frozenset()) -> SuperviseState:
     return SuperviseState("IDLE", engine, own)
+
+
+def recover() -> RecoverState:
+    return RecoverState("IDLE")
 
 
 # ---------------------------------------------------------------- keys (derived from the state only)
@@ -528,6 +590,7 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "more_buckets": lambda s, sub, i: s.bucket + 1 < s.bucket_count,
     "needs_reserve": lambda s, sub, i: not s.engines,
     "answers_reserve": lambda s, sub, i: _call_op(i) == "reserve",
+    "reserved_answer": lambda s, sub, i: isinstance(_result(i), Reserved),
     "reserved_loading": lambda s, sub, i: isinstance(_result(i), Reserved)
     and _result(i).state is VersionState.LOADING,
     "names_match": lambda s, sub, i: _result(i).lora_name == s.lora_name and bool(_stages(i)) and all(
@@ -581,7 +644,8 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     and bool(i.origin),
     "engines_left": lambda s, sub, i: isinstance(i, Refusal) and bool(sub.engines - sub.refused - {i.origin}),
     # ---- supervise (s: the supervisor, sub: a rehydrate)
-    "answers_incarnation": lambda s, sub, i: _call_op(i) == "incarnation",
+    # (an answer of another shape than the call's is an executor's bug: no row takes it, the ProtocolError)
+    "answers_incarnation": lambda s, sub, i: _call_op(i) == "incarnation" and _shaped(i, int),
     "answers_restarted": lambda s, sub, i: _call_op(i) == "restarted",
     "incarnation_timer": lambda s, sub, i: _timer(i, "incarnation"),
     "restarted_timer": lambda s, sub, i: _timer(i, "restarted"),
@@ -590,7 +654,33 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "answers_placement": lambda s, sub, i: _call_op(i) == "placement",
     "placement_ready": lambda s, sub, i: isinstance(i, Answer) and i.value is PlacementState.READY,
     "answers_rehydrate": lambda s, sub, i: _call_op(i) == "rehydrate",
+    # ---- recover
+    "answers_pending": lambda s, sub, i: _call_op(i) == "pending" and _shaped(i, tuple) and all(
+        isinstance(a, PendingAttempt) for a in getattr(i, "value", ())),
+    "nothing_pending": lambda s, sub, i: not _pending(i),
+    "answers_lease": lambda s, sub, i: _call_op(i) == "lease" and _shaped(i, LeaseGranted),
+    "answers_settle": lambda s, sub, i: _call_op(i) == "settle" and _shaped(i, DriverOutcome),
+    "committable": lambda s, sub, i: committable(s.attempt),
+    "settle_unknown": lambda s, sub, i: isinstance(i, Answer) and i.value is DriverOutcome.UNKNOWN,
 }
+
+
+def _pending(i: DriverInput) -> tuple[PendingAttempt, ...]:
+    """The attempts a crashed publisher may have left: LOADING (staged, maybe READY, not committed) or ABORTED
+    (cleanups still owed), in the order the view answered (version order; the registry holds at most one)."""
+    attempts = i.value if isinstance(i, Answer) else ()
+    return tuple(a for a in attempts if a.state in (VersionState.LOADING, VersionState.ABORTED))
+
+
+def committable(a: PendingAttempt | None) -> bool:
+    """A pending attempt that recovery commits (the registry refuses it unless READY everywhere): LOADING, with its
+    bytes in the snapshot store (else nobody could rehydrate the version after a restart)."""
+    return a is not None and a.state is VersionState.LOADING and a.stored
+
+
+def _shaped(i: DriverInput, kind: type) -> bool:
+    """Not an answer, or an answer whose value is of the call's kind."""
+    return not isinstance(i, Answer) or isinstance(i.value, kind)
 
 
 def _owed(s: SuperviseState, i: DriverInput) -> list[StageOnEngine]:
@@ -835,6 +925,15 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     # ---- rehydrate
     "send_rehydrate": lambda r, s, i: (r, (Rehydrate(Call("rehydrate", r.order.attempt_token), r.order),)),
     "note_failure": lambda r, s, i: (attrs.evolve(r, failure=_reason(i) or str(input_kind(i))), ()),
+    # ---- recover
+    "view_pending": lambda s, sub, i: (s, (ViewPending(Call("pending")),)),
+    # (the first pending: the registry holds at most one)
+    "note_pending": lambda s, sub, i: (attrs.evolve(s, attempt=_pending(i)[0]), ()),
+    "acquire_lease": lambda s, sub, i: (s, (TakeLease(Call("lease")),)),
+    "note_fence": lambda s, sub, i: (attrs.evolve(s, fence=int(i.value.fence)) if isinstance(i, Answer) else s, ()),
+    "settle_commit": lambda s, sub, i: (s, (SettleAttempt(Call("settle"), s.attempt, True, s.fence),)),
+    "settle_abort": lambda s, sub, i: (s, (SettleAttempt(Call("settle"), s.attempt, False, s.fence),)),
+    "note_settled": lambda s, sub, i: (attrs.evolve(s, outcome=i.value) if isinstance(i, Answer) else s, ()),
 }
 
 # ---------------------------------------------------------------- step
@@ -850,6 +949,7 @@ MACHINE_OF: dict[type, Driver] = {
     GenerationState: Driver.GENERATION,
     SuperviseState: Driver.SUPERVISE,
     RehydrateState: Driver.REHYDRATE,
+    RecoverState: Driver.RECOVER,
 }
 INPUT_KIND: dict[type, Input] = {
     Start: Input.START, Answer: Input.ANSWER, Refusal: Input.REFUSAL, Lost: Input.LOST,
@@ -882,13 +982,15 @@ def _engine_of(inp: DriverInput) -> str:
     return ""
 
 
-_SUBS = {SessionState: "requests", SuperviseState: "rehydrates"}  # else "engines"
+_SUBS = {SessionState: "requests", SuperviseState: "rehydrates", RecoverState: ""}  # else "engines"
+_NO_SUBS: Map[str, Any] = Map()
 
 
 def subs_of(state: Any) -> Any:
     """A coordinator's sub-machines by key: its engines', a session's generations by request id, or a supervisor's
-    rehydrates by attempt token."""
-    return getattr(state, _SUBS.get(type(state), "engines"))
+    rehydrates by attempt token (a recovery has none: it settles one attempt at a time)."""
+    field = _SUBS.get(type(state), "engines")
+    return getattr(state, field) if field else _NO_SUBS
 
 
 def _with_subs(state: Any, subs: Any) -> Any:

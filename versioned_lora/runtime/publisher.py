@@ -524,44 +524,61 @@ class Publisher:
                               detail="commit refused" if report.reason else "")
 
     async def recover(self) -> list[PublishOutcome]:
-        """A publisher that crashed mid-attempt is finished by the next one. Each attempt still pending in the
-        registry is settled by the settle driver, and the table decides how: a LOADING attempt is committed
-        (the commit lands if it is READY everywhere, rows commit.bootstrap/commit.swap; otherwise the registry
-        refuses it, commit.not_ready, and the driver aborts it and cleans what the abort's answer names, row
-        commit.refused); an ABORTED one is aborted again under its abort key, whose answer names the cleanups
-        still owed. With a snapshot store, an attempt whose bytes the store lacks is aborted without a commit
-        (its publisher died before writing them: nobody could rehydrate it). An unresolved commit of this
-        publisher is resolved first."""
+        """A publisher that crashed mid-attempt is finished by the next one: the recover driver (spec/drivers.py,
+        machine `recover`) reads the registry's versions, and for the attempt pending there (at most one) takes the
+        publisher lease (only its holder finishes it) and settles it by the settle driver: a LOADING attempt whose
+        bytes the snapshot store holds (every one, without a store) is committed (the commit lands if it is READY
+        everywhere; otherwise the registry refuses it and the settle driver aborts it and cleans what the answer
+        names); an ABORTED one, or a LOADING one the store lacks, is aborted (again) under its abort key. An
+        unresolved commit of this publisher is resolved first."""
         self._last_progress = time.monotonic()  # a recovery is a run of its own: its commit gets its deadline
         outcomes = []
         if self.commit_unresolved:
             resolved = await self.resolve()
             assert resolved is not None
             outcomes.append(resolved)
-        view = await self.registry.publication_view()
-        pending = [(k, v) for k, v in view.versions.items() if v.state in (VersionState.LOADING, VersionState.ABORTED)]
-        if not pending:
-            return outcomes
-        # Only the lease's holder finishes what a crashed publisher left: another publisher's attempt in flight
-        # looks the same from here, and aborting it would end a publication that is going well.
-        lease = await self.acquire_lease()
-        if isinstance(lease, Rejected):
-            return [*outcomes, *(PublishOutcome(PublishStatus.REJECTED, key, reason=str(lease.reason),
-                                                lora_name=version.lora_name, attempt_token=version.attempt_token,
-                                                detail="left as it is: another publisher holds the lease")
-                                 for key, version in pending)]
-        for key, version in pending:
-            stored = self.snapshots is None or self.snapshots.holds(version.digest)
-            if version.state is VersionState.LOADING and stored:
-                outcomes.append(await self._commit_and_resolve(key, version.lora_name, version.attempt_token, {},
-                                                               lease.fence))
-                if outcomes[-1].status is PublishStatus.UNKNOWN:
-                    break  # no further publication step before this commit's outcome is known
-                continue
-            status = await self.abort_and_clean(key, version.attempt_token, {})
-            outcomes.append(PublishOutcome(status, key, lora_name=version.lora_name,
-                                           attempt_token=version.attempt_token))
-        return outcomes
+        settled: list[PublishOutcome] = []
+
+        async def perform(command: Any) -> drivers.DriverInput:
+            if isinstance(command, drivers.ViewPending):
+                view = await self.registry.publication_view()
+                return drivers.Answer(command.call, tuple(
+                    drivers.PendingAttempt(key, v.state, v.attempt_token, v.lora_name,
+                                           self.snapshots is None or self.snapshots.holds(v.digest))
+                    for key, v in sorted(view.versions.items())))
+            if isinstance(command, drivers.TakeLease):
+                try:
+                    lease = await self.acquire_lease()
+                except PhaseDeadlineMissed:
+                    return drivers.Lost(command.call)
+                if isinstance(lease, Rejected):
+                    return drivers.Refusal(command.call, str(lease.reason))
+                return drivers.Answer(command.call, lease)
+            assert isinstance(command, drivers.SettleAttempt), command
+            a = command.attempt
+            if command.commit:
+                outcome = await self._commit_and_resolve(a.version, a.lora_name, a.attempt_token, {}, command.fence)
+            else:
+                outcome = PublishOutcome(await self.abort_and_clean(a.version, a.attempt_token, {}), a.version,
+                                         lora_name=a.lora_name, attempt_token=a.attempt_token)
+            settled.append(outcome)
+            return drivers.Answer(command.call, DriverOutcome(str(outcome.status)))
+
+        loop = DriverLoop(drivers.recover(), self.registry, self.engines, self.seconds, perform=perform)
+        report = await loop.finished()
+        state = loop.state
+        assert isinstance(state, drivers.RecoverState)
+        a = state.attempt
+        if a is None and report.outcome is not DriverOutcome.RECOVERED:
+            raise RegistryUnavailable("recover: the registry's versions could not be read; nothing was done")
+        if a is not None and report.outcome is DriverOutcome.REJECTED:  # the lease is another publisher's
+            return [*outcomes, PublishOutcome(PublishStatus.REJECTED, a.version, reason=report.reason,
+                                              lora_name=a.lora_name, attempt_token=a.attempt_token,
+                                              detail="left as it is: another publisher holds the lease")]
+        if a is not None and not settled:
+            raise RegistryUnavailable(f"recover: {report.outcome} before {a.version} was settled (the lease's "
+                                      "answer lost, or the caller gone); nothing was settled")
+        return [*outcomes, *settled]
 
     # ---- plumbing
     async def _report(self, event: Any, key: str) -> Any:

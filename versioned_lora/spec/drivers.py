@@ -68,6 +68,7 @@ class Driver(StrEnum):
     GENERATION = "generation"  # one generation of a session (a request id): dispatch view, send, unknown, abort
     SUPERVISE = "supervise"  # one engine after a restart: its incarnation reported, every version it owes rehydrated
     REHYDRATE = "rehydrate"  # one version the restarted engine owes: the registry's placement read, then staged
+    RECOVER = "recover"  # the attempt a crashed publisher left: the lease, then committed or aborted
 
 
 class Input(StrEnum):
@@ -105,6 +106,8 @@ class DriverOutcome(StrEnum):
     CLOSED = "CLOSED"  # close_and_release answered: the session's ref is released (once)
     # A restart supervisor's outcome.
     RECONCILED = "RECONCILED"  # the incarnation adopted; each version owed is READY there or failed (and says why)
+    # A recovery's outcome.
+    RECOVERED = "RECOVERED"  # the attempt left pending (if any) is settled: committed, or aborted and clean
 
 
 class SessionRefusal(StrEnum):
@@ -141,6 +144,9 @@ PHASES: dict[Driver, tuple[str, ...]] = {
     Driver.SUPERVISE: ("IDLE", "ASKING", "ADOPTING", "REHYDRATING", "DONE"),
     # VIEWING: the registry's placement (READY there already: nothing to stage); STAGING: the stage driver runs.
     Driver.REHYDRATE: ("VIEWING", "STAGING", "READY", "FAILED"),
+    # VIEWING: the attempts pending in the registry (and whether the snapshot store holds each one's bytes);
+    # LEASING: the publisher lease; SETTLING: the settle driver commits or aborts it.
+    Driver.RECOVER: ("IDLE", "VIEWING", "LEASING", "SETTLING", "DONE"),
 }
 # The phases in which a sub-machine is finished with its engine (its coordinator is told `Settled`).
 TERMINAL: dict[Driver, frozenset[str]] = {
@@ -154,6 +160,7 @@ TERMINAL: dict[Driver, frozenset[str]] = {
     Driver.GENERATION: frozenset({"DONE", "FAILED", "RESOLVED", "ABORTED"}),
     Driver.SUPERVISE: frozenset({"DONE"}),
     Driver.REHYDRATE: frozenset({"READY", "FAILED"}),
+    Driver.RECOVER: frozenset({"DONE"}),
 }
 # The phases whose entry tells the coordinator `Settled`: the terminal ones, and for staging WAITING too (the
 # RFC §3.2 barrier: the coordinator sends the next call once every engine is WAITING).
@@ -177,6 +184,8 @@ INPUTS: dict[Driver, tuple[Input, ...]] = {
     # No deadline of its own: the placement read is one registry read, and the stage driver that a rehydrate runs
     # bounds each of its calls with its own deadlines.
     Driver.REHYDRATE: (Input.ANSWER, Input.REFUSAL, Input.LOST),
+    # No deadline of its own either: the lease's acquire has the reserve's, and each settle driver its own.
+    Driver.RECOVER: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.CANCEL),
 }
 
 
@@ -218,7 +227,7 @@ def late(id: str, machine: Driver, sources: str, input: Input, doc: str = "") ->
 SG, SN = Driver.STAGE, Driver.STAGE_ENGINE
 SE, CE, RC, RE = Driver.SETTLE, Driver.CLEANUP_ENGINE, Driver.RECLAIM, Driver.RECLAIM_ENGINE
 SS, GN = Driver.SESSION, Driver.GENERATION
-SV, RH = Driver.SUPERVISE, Driver.REHYDRATE
+SV, RH, RV = Driver.SUPERVISE, Driver.REHYDRATE, Driver.RECOVER
 R = SessionRefusal
 OPEN_PHASES = "OPEN BINDING BIND_UNKNOWN BOUND"  # a session before its finish began
 CLOSING_PHASES = "CLOSING ABORTING CLEANING_UP CLEANUP_FAILED RELEASING CLOSED"  # from its finish on
@@ -243,8 +252,9 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         commands=("note_attempt",), report=O.STAGE_FAILED,
         doc="Reserved under another name than the candidate's (or on no engine): nothing is staged; the attempt "
             "is live, so the caller aborts it."),
-    row("reserve.replayed", SG, "RESERVING", I.ANSWER, "DONE", guards=("answers_reserve",), commands=("note_attempt",),
-        report=O.REPLAYED, doc="reserve.replay of a publication that already ended: nothing to stage."),
+    row("reserve.replayed", SG, "RESERVING", I.ANSWER, "DONE", guards=("answers_reserve", "reserved_answer"),
+        commands=("note_attempt",), report=O.REPLAYED,
+        doc="reserve.replay of a publication that already ended: nothing to stage."),
     row("reserve.refused", SG, "RESERVING", I.REFUSAL, "DONE", guards=("answers_reserve",), report=O.REJECTED,
         doc="E.g. CAPACITY_ERROR, NOT_LEASE_HOLDER: nothing was taken."),
     row("reserve.lost", SG, "RESERVING", I.LOST, SAME, guards=("answers_reserve",), commands=("submit_reserve",),
@@ -677,6 +687,49 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     late("rehydrate.late_reply", RH, "*", I.ANSWER, doc="Each of its calls is answered once: an executor's bug."),
     late("rehydrate.late_refusal", RH, "*", I.REFUSAL),
     late("rehydrate.late_lost", RH, "*", I.LOST),
+    # ================================================================ recover (what a crashed publisher left)
+    # The registry holds at most one attempt pending (it refuses a reserve while one is: reserve.while_pending), so a
+    # recovery settles at most one. A LOADING attempt may be READY everywhere: its commit decides (the registry
+    # refuses one that is not, and the settle driver aborts it). It is committed only if the snapshot store holds
+    # its bytes: a publisher that died before writing them left a version nobody could rehydrate after a restart.
+    # An ABORTED one is aborted again under its abort key, whose answer names the cleanups still owed.
+    row("recover.start", RV, "IDLE", I.START, "VIEWING", commands=("view_pending",),
+        doc="Read the registry's versions: the rows pick the pending one (LOADING or ABORTED)."),
+    row("pending.none", RV, "VIEWING", I.ANSWER, "DONE", guards=("answers_pending", "nothing_pending"),
+        report=O.RECOVERED, doc="Nothing was left: no lease is taken."),
+    row("pending.found", RV, "VIEWING", I.ANSWER, "LEASING", guards=("answers_pending",),
+        commands=("note_pending", "acquire_lease"),
+        doc="Only the lease's holder finishes what a crashed publisher left: another publisher's attempt in "
+            "flight looks the same from here, and settling it would end a publication that is going well."),
+    row("pending.refused", RV, "VIEWING", I.REFUSAL, "DONE", guards=("answers_pending",), report=O.REJECTED),
+    row("pending.lost", RV, "VIEWING", I.LOST, "DONE", guards=("answers_pending",), report=O.REJECTED,
+        doc="The registry could not be read: nothing was done."),
+    row("lease.granted_commit", RV, "LEASING", I.ANSWER, "SETTLING", guards=("answers_lease", "committable"),
+        commands=("note_fence", "settle_commit"),
+        doc="LOADING, and its bytes are in the store: commit it under the lease's fence."),
+    row("lease.granted_abort", RV, "LEASING", I.ANSWER, "SETTLING", guards=("answers_lease",),
+        commands=("note_fence", "settle_abort"),
+        doc="ABORTED, or LOADING without its bytes in the store: abort it and clean what the answer names."),
+    row("lease.refused", RV, "LEASING", I.REFUSAL, "DONE", guards=("answers_lease",), report=O.REJECTED,
+        doc="LEASE_HELD: another publisher works; the attempt is left as it is."),
+    row("lease.lost", RV, "LEASING", I.LOST, "DONE", guards=("answers_lease",), report=O.UNKNOWN,
+        doc="The lease may be ours (it expires unrenewed): nothing was settled."),
+    row("settled.unknown", RV, "SETTLING", I.ANSWER, "DONE", guards=("answers_settle", "settle_unknown"),
+        commands=("note_settled",), report=O.UNKNOWN,
+        doc="A commit or an abort whose outcome is unknown (a commit's settle driver goes on resolving it): "
+            "nothing further before it is known (RFC §3.4); `recover` again retries the same key."),
+    row("settled.known", RV, "SETTLING", I.ANSWER, "DONE", guards=("answers_settle",), commands=("note_settled",),
+        report=O.RECOVERED, doc="COMMITTED or FAILED_CLEAN: the slot is settled."),
+    row("settle.refused", RV, "SETTLING", I.REFUSAL, "DONE", guards=("answers_settle",), report=O.UNKNOWN,
+        doc="A settle driver answers with its outcome; anything else leaves the attempt as the registry has it."),
+    row("settle.lost", RV, "SETTLING", I.LOST, "DONE", guards=("answers_settle",), report=O.UNKNOWN,
+        doc="The settle driver failed outside its rows: the attempt's outcome is not known."),
+    row("recover.cancel", RV, "VIEWING LEASING SETTLING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="The caller gave up: a settle driver in flight goes on (a commit is never left unresolved)."),
+    late("recover.late_reply", RV, "DONE", I.ANSWER, doc="A call's answer after the caller gave up."),
+    late("recover.late_refusal", RV, "DONE", I.REFUSAL),
+    late("recover.late_lost", RV, "DONE", I.LOST),
+    late("recover.late_cancel", RV, "DONE", I.CANCEL),
 )
 # fmt: on
 
