@@ -80,6 +80,7 @@ Properties, on every reachable world:
                            GENERATED only for a generation that was answered; DROPPED only for one that was sent;
                            SESSION_CLOSED only once the finish began
   told_once                when nothing can happen, every question the caller asked has been answered
+  told_its_own_outcome     BOUND is told only to the bind's waiters and CLOSED only to a finish
   A restart supervisor (SUPERVISE_SCENARIOS: E0 restarted and holds nothing; its rehydrates run the stage driver,
   whose own rows the stage scenarios check, as one step here):
   rehydrates_what_is_owed  a rehydrate is sent only for a staging the registry's answer names for this engine,
@@ -975,7 +976,10 @@ def _session_problems(w: World, start: World) -> list[str]:
     if d.phase in ("OPEN", "BINDING", "BIND_UNKNOWN") and any(r.outcome is DriverOutcome.BOUND for r in w.reports):
         out.append(f"report_is_true: BOUND reported, and the session is {d.phase} (it would refuse a generation as "
                    "not bound, or bind again)")
+    subjects = {DriverOutcome.BOUND: "bind", DriverOutcome.CLOSED: "finish"}
     for report in w.reports:
+        if subjects.get(report.outcome, report.subject) != report.subject:
+            out.append(f"told_its_own_outcome: {report.subject} told {report.outcome}")
         if report.outcome is DriverOutcome.BOUND and live and record is not None and (
                 record.version != d.version or d.version is None):
             out.append(f"report_is_true: BOUND to {d.version} reported, the registry has "

@@ -90,6 +90,9 @@ EQUIVALENT: dict[str, str] = {
     "FAILED_CLEAN: abort.loading cleans on every engine, abort.replay where a placement is still CLEANING (an "
     "ABORTED version keeps one until the last cleanup frees the slot), abort.replay_clean is FAILED_CLEAN; so "
     "abort.cleanup takes every answer the guard would refuse",
+    "add_command reserve.unstageable: open_stages": "the row ends the staging STAGE_FAILED with nothing sent: the "
+    "sub-machines the command records stay WAITING (a finished staging may hold WAITING ones: stage.failed), are "
+    "sent nothing, and the caller's error reads only FAILED ones, so it names the reserve's answer either way",
     "add_command release.refused: disarm_bind": "the row ends the session CLOSED, a terminal phase whose executor "
     "cancels every timer still armed: disarming the bind's timer one step earlier changes nothing",
 
