@@ -53,7 +53,7 @@ from versioned_lora.spec.drivers import (
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.states import SAME
 
-# 35 drawn (seed 1 draws one of the equivalent mutants below, left out: N = 36 with the fixed one; about 11 minutes
+# 35 drawn (seed 1 draws two of the equivalent mutants below, left out: N = 36 with the fixed one; about 11 minutes
 # on this host beside other work, at the session driver's commit).
 COUNT = 35
 # Commands the model cannot observe, left out of add_command and drop_command: DropLink has no reply and the
