@@ -1,10 +1,12 @@
 """Test harness: drives the core through `checked_step`, so every step of every core test checks all
-invariants, the step invariants and the frame condition (the fired row declares every changed field)."""
+invariants, the step invariants and the frame condition (the fired row declares every changed field); and
+`run_driver`, which steps a driver machine of `lifecycle.drivers` through a script of inputs."""
 
 from __future__ import annotations
 
 import hashlib
 from collections.abc import Iterable
+from typing import Any
 
 from versioned_lora.lifecycle import (
     EngineAdapterState,
@@ -23,6 +25,7 @@ from versioned_lora.lifecycle import (
     initial_engine_state,
     initial_state,
 )
+from versioned_lora.lifecycle.drivers import DRIVERS
 
 EPOCH = 0
 
@@ -79,3 +82,13 @@ class Engine:
     @property
     def row(self) -> str:
         return self.rows[-1]
+
+
+def run_driver(state: Any, *inputs: Any) -> tuple[Any, list[str], list[Any]]:
+    """Step a driver through `inputs`: its last state, every row that fired and every command, in order."""
+    fired: list[str] = []
+    commands: list[Any] = []
+    for inp in inputs:
+        step = DRIVERS.step(state, inp)
+        state, fired, commands = step.state, fired + list(step.fired), commands + list(step.commands)
+    return state, fired, commands

@@ -8,7 +8,7 @@ unknown is reported so. `model_checks/drivers.py` (scenarios `recover*`) runs th
 
 from __future__ import annotations
 
-from typing import Any
+from lifecycle_driver import run_driver as _run
 
 from versioned_lora.lifecycle.drivers import (
     DRIVERS,
@@ -38,15 +38,6 @@ SERVED = PendingAttempt(A, VersionState.PUBLISHED, "ta", "name-A", True)
 LOADING = PendingAttempt(B, VersionState.LOADING, "tb", "name-B", True)
 GRANTED = LeaseGranted("recovering", 7, 30.0)
 O = DriverOutcome  # noqa: E741
-
-
-def _run(state: Any, *inputs: Any) -> tuple[Any, list[str], list[Any]]:
-    fired: list[str] = []
-    commands: list[Any] = []
-    for inp in inputs:
-        step = DRIVERS.step(state, inp)
-        state, fired, commands = step.state, fired + list(step.fired), commands + list(step.commands)
-    return state, fired, commands
 
 
 def _leasing(pending: PendingAttempt) -> RecoverState:

@@ -11,8 +11,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from lifecycle_driver import run_driver as _run
+
 from versioned_lora.lifecycle.drivers import (
-    DRIVERS,
     AbortGeneration,
     Answer,
     Arm,
@@ -49,15 +50,6 @@ KEY = SessionKey(0, 3, 7)
 A = VersionKey(0, "A")
 BOUND = Reply(Bound(KEY, A, "name-A"))
 O = DriverOutcome  # noqa: E741
-
-
-def _run(state: Any, *inputs: Any) -> tuple[Any, list[str], list[Any]]:
-    fired: list[str] = []
-    commands: list[Any] = []
-    for inp in inputs:
-        step = DRIVERS.step(state, inp)
-        state, fired, commands = step.state, fired + list(step.fired), commands + list(step.commands)
-    return state, fired, commands
 
 
 def _reports(commands: list[Any]) -> list[tuple[DriverOutcome, str | None, str]]:

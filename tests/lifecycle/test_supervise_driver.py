@@ -11,7 +11,7 @@ an adoption whose answer did not come in time stages nothing. Over every reachab
 
 from __future__ import annotations
 
-from typing import Any
+from lifecycle_driver import run_driver as _run
 
 from versioned_lora.lifecycle.drivers import (
     DRIVERS,
@@ -53,15 +53,6 @@ CLEANUP = CleanupOnEngine("E1", C, "name-C", "old")
 RECLAIM = ReclaimOnEngine("E1", VersionKey(0, "Z"), "name-Z", "rid")
 ANSWER = Reply(Restarted("E1", 4), (STAGE_A, STAGE_B, STAGE_C, CLEANUP, RECLAIM))
 O = DriverOutcome  # noqa: E741
-
-
-def _run(state: Any, *inputs: Any) -> tuple[Any, list[str], list[Any]]:
-    fired: list[str] = []
-    commands: list[Any] = []
-    for inp in inputs:
-        step = DRIVERS.step(state, inp)
-        state, fired, commands = step.state, fired + list(step.fired), commands + list(step.commands)
-    return state, fired, commands
 
 
 def _adopting() -> SuperviseState:
