@@ -26,6 +26,7 @@ from versioned_lora.lifecycle.drivers import (
     Deadline,
     Disarm,
     Drivers,
+    DropLink,
     Finish,
     Generate,
     GenerationState,
@@ -264,6 +265,21 @@ def test_a_deadline_of_an_earlier_call_never_fails_the_next_one() -> None:
     assert fired == ["stage_engine.late_timer", "stage_engine.late_timer"] and state.engines["E1"].phase == "SENDING"
     state, fired, commands = _run(state, Deadline(Timer("bucket", "E1", 0)))
     assert fired == ["bucket.deadline", "stage.waiting"] and any(type(c).__name__ == "DropLink" for c in commands)
+
+
+def test_a_bucket_refused_lost_or_past_its_deadline_drops_the_link() -> None:
+    """The bucket's send goes out beside its `receive_bucket` request: whatever the engine answered but "stashed",
+    the send may still wait in the group for a receive the engine never posted, so the group is never used again
+    (the next collective on it would pair with that send)."""
+    prepared = (Answer(Call("prepared", e), Reply(Recorded(B, e, PlacementState.PREPARED))) for e in ENGINES)
+    sending, _, _ = _run(stage(B, "t", 2, _STAGES), Start(), *(Answer(Call("begin", e)) for e in ENGINES), *prepared)
+    for outcome, row in ((Refusal(Call("bucket", "E1"), "STALE_ATTEMPT"), "bucket.refused"),
+                         (Lost(Call("bucket", "E1")), "bucket.lost"),
+                         (Deadline(Timer("bucket", "E1", 0)), "bucket.deadline")):
+        _, fired, commands = _run(sending, outcome)
+        assert fired[0] == row and [c.engine for c in commands if isinstance(c, DropLink)] == ["E1"], row
+    _, fired, commands = _run(sending, Answer(Call("bucket", "E1")))
+    assert fired[0] == "bucket.landed" and not any(isinstance(c, DropLink) for c in commands)
 
 
 def test_staging_fails_once_every_engine_settled_and_says_why() -> None:

@@ -161,6 +161,35 @@ def test_late_control_duplicate_receive_and_cleanup_before_during_after(engines,
     run(body())
 
 
+def test_two_attempts_staged_at_once_over_one_link_take_turns_on_its_group(engines, fixtures) -> None:
+    """A restart's rehydrates stage several versions on one engine at once, over its one link. The group's
+    collectives pair up by their order on each side; before the link sent one bucket at a time, the engine could
+    post its receives in another order than the sends went out, and gloo aborted its scheduler ("Received data
+    size doesn't match expected size", the CI run at b9822d6). Bucket sizes differ between the two plans, so any
+    crossing would be that abort."""
+    first = _candidate(fixtures.adapters["A"])
+    second = _candidate(fixtures.adapters["C"], max_bucket_bytes=5 * 1024)
+    sizes = [[b.nbytes for b in c.plan.buckets] for c in (first, second)]
+    assert all(a != b for a, b in zip(*sizes, strict=False)), sizes
+
+    async def body() -> None:
+        async with linked(engines.e1) as (client, link):
+            incarnation = link.incarnation
+            attempts = [_attempt(), _attempt()]
+            for _ in range(3):  # a few rounds: the crossing was a race
+                attempts = [_attempt(), _attempt()]
+                ready = await asyncio.gather(*(_publish(link, c, a) for c, a in zip((first, second), attempts,
+                                                                                     strict=True)))
+                assert [r["result"]["attempt_token"] for r in ready] == attempts
+                for candidate, attempt in zip((first, second), attempts, strict=True):
+                    await link.cleanup(candidate.lora_name, attempt)
+            status = await client.status()
+            assert int(status["incarnation"]) == incarnation and link.poisoned is None
+            assert not set(attempts) & set(status["staging"]["stashes"])
+
+    run(body())
+
+
 def _tampered(snapshot: Snapshot, name: str) -> dict[str, torch.Tensor]:
     tensors = snapshot.to_peft_state()
     tensors[name] = tensors[name].clone()

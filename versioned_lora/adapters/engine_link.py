@@ -20,6 +20,7 @@ from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.adapters.transfer import (
     BucketPlan,
+    BucketTransferFailed,
     destroy_transfer_group,
     init_transfer_group,
     listen_for_transfer_group,
@@ -61,6 +62,17 @@ class EngineLink:
         self.group = group
         self.group_name = group_name
         self.device = device
+        # A group's collectives pair up by their order on each side, and the engine posts a bucket's receive
+        # when its `receive_bucket` request is handled. Two buckets in flight on one group (two attempts staged
+        # at once on this engine: rehydrates after a restart, a publication beside them) could be posted there
+        # in the other order than sent here; gloo then receives one bucket's bytes into a buffer sized for
+        # another and aborts the engine process (`gloo::EnforceNotMet`, "Received data size doesn't match
+        # expected size", seen in CI at b9822d6). So one bucket at a time per group.
+        self._one_bucket = asyncio.Lock()
+        # Why the group may be out of step (a send started whose receive was refused or lost): no later bucket
+        # goes over it. The driver drops the link on such a bucket (rows bucket.refused/lost/deadline); this
+        # closes the window between the failure and that drop, in which another attempt's bucket could go.
+        self.poisoned: str | None = None
 
     @classmethod
     async def connect(
@@ -125,23 +137,32 @@ class EngineLink:
             flat = packed_buckets(candidate.snapshot, candidate.plan, self.device)[index]
         else:
             flat = pack_bucket(tensors, candidate.plan, index, self.device, check=False)
-        confirm = asyncio.create_task(
-            self.client.managed(
-                "receive_bucket",
-                **self._identity(candidate, attempt_token),
-                index=index,
-                http_timeout_s=http_timeout_s,
+        async with self._one_bucket:
+            if self.poisoned is not None:
+                raise BucketTransferFailed(f"group {self.group_name} is out of step ({self.poisoned}): not used again")
+            confirm = asyncio.create_task(
+                self.client.managed(
+                    "receive_bucket",
+                    **self._identity(candidate, attempt_token),
+                    index=index,
+                    http_timeout_s=http_timeout_s,
+                )
             )
-        )
-        send = asyncio.create_task(asyncio.to_thread(send_bucket, self.group, flat))
-        try:
-            answer = await confirm
-        except BaseException:
-            # Refused or lost: the send's own failure (a peer gone, a dropped group) is not the news, and
-            # must not surface later as an exception nobody retrieved.
-            send.add_done_callback(lambda task: task.cancelled() or task.exception())
-            raise
-        await send
+            send = asyncio.create_task(asyncio.to_thread(send_bucket, self.group, flat))
+            try:
+                answer = await confirm
+            except BaseException as failure:
+                # Refused or lost: the send may still wait in the group for a receive the engine never posted.
+                # Its own failure (a peer gone, a dropped group) is not the news, and must not surface later as
+                # an exception nobody retrieved.
+                self.poisoned = f"bucket {index} of {attempt_token}: {type(failure).__name__}"
+                send.add_done_callback(lambda task: task.cancelled() or task.exception())
+                raise
+            try:
+                await send
+            except BaseException as failure:
+                self.poisoned = f"bucket {index} of {attempt_token}: {type(failure).__name__}"
+                raise
         return answer
 
     async def receive_bucket_again(self, candidate: Candidate, attempt_token: str, index: int) -> dict[str, Any]:

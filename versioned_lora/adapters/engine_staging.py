@@ -13,6 +13,7 @@ import httpx
 
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient, UnknownOutcome
+from versioned_lora.adapters.transfer import BucketTransferFailed
 from versioned_lora.runtime.interfaces import EngineRefused, EngineUnreachable, ReadyReceipt
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import AdapterState
@@ -143,7 +144,8 @@ class EngineStaging:
             if exc.status_code in (409, 400, 401, 403, 413):  # a typed refusal: nothing changed there
                 raise EngineRefused(exc.reason, str(exc)) from exc
             raise EngineUnreachable(str(exc)) from exc
-        except (UnknownOutcome, httpx.HTTPError, OSError) as exc:
+        except (UnknownOutcome, httpx.HTTPError, OSError, BucketTransferFailed) as exc:
+            # A failed collective: whether the engine stashed the bucket is not known here.
             raise EngineUnreachable(f"{self.name}: {exc}") from exc
 
 

@@ -310,7 +310,9 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     row("bucket.landed", SN, "SENDING", I.ANSWER, "WAITING", guards=("answers_bucket",), commands=("disarm_stage",),
         doc="The engine stashed the bucket (and hashes it while the next one comes)."),
     row("bucket.refused", SN, "SENDING", I.REFUSAL, "FAILED", guards=("answers_bucket",),
-        commands=("disarm_stage", "note_refusal")),
+        commands=("disarm_stage", "note_refusal", "drop_link"),
+        doc="The engine posted no receive, but the send went out beside the request and waits in the group for "
+            "one: the group is out of step (its next collective would pair with this one) and never used again."),
     row("bucket.lost", SN, "SENDING", I.LOST, "FAILED", guards=("answers_bucket",),
         commands=("disarm_stage", "note_refusal", "drop_link"),
         doc="The collective may be half done: the link's group is poisoned and never used again."),
