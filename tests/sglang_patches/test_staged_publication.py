@@ -175,7 +175,6 @@ def test_two_attempts_staged_at_once_over_one_link_take_turns_on_its_group(engin
     async def body() -> None:
         async with linked(engines.e1) as (client, link):
             incarnation = link.incarnation
-            attempts = [_attempt(), _attempt()]
             for _ in range(3):  # a few rounds: the crossing was a race
                 attempts = [_attempt(), _attempt()]
                 ready = await asyncio.gather(*(_publish(link, c, a) for c, a in zip((first, second), attempts,

@@ -151,17 +151,13 @@ class EngineLink:
             send = asyncio.create_task(asyncio.to_thread(send_bucket, self.group, flat))
             try:
                 answer = await confirm
-            except BaseException as failure:
-                # Refused or lost: the send may still wait in the group for a receive the engine never posted.
-                # Its own failure (a peer gone, a dropped group) is not the news, and must not surface later as
-                # an exception nobody retrieved.
-                self.poisoned = f"bucket {index} of {attempt_token}: {type(failure).__name__}"
-                send.add_done_callback(lambda task: task.cancelled() or task.exception())
-                raise
-            try:
                 await send
             except BaseException as failure:
+                # Refused, lost, or the send itself failed: the send may still wait in the group for a receive
+                # the engine never posted, so the group is out of step. The send's own failure (a peer gone, a
+                # dropped group) is not the news, and must not surface later as an exception nobody retrieved.
                 self.poisoned = f"bucket {index} of {attempt_token}: {type(failure).__name__}"
+                send.add_done_callback(lambda task: task.cancelled() or task.exception())
                 raise
         return answer
 
