@@ -15,11 +15,14 @@ both); from each engine's status view (`end_parts`, what that engine's `end` spe
 part of it runs before `end` arrives), `verify_wait_s` (what `end` itself waited for the verdict),
 `load_s` and `probe_s`. Medians per mode with 95% bootstrap intervals (over publications x engines for
 the engine parts, over publications for the Publisher's), and each mode's median ratio pipelined / baseline.
+With `--traffic N`, N closed-loop generation streams per engine (the base model, 16 tokens each, ignore_eos)
+run through every publication of a block, so `end` competes with decoding as it does online; the streams'
+tokens/s and failures per mode are reported beside the phases (a failed generation is counted, not hidden).
 Not a test: nothing is asserted. Last line:
     verify_tail_s_pipelined=… verify_tail_s_baseline=… tail_ratio=… verify_wait_s_pipelined=…
     verify_wait_s_baseline=… end_s_pipelined=… end_s_baseline=… commit=…
 
-    python benchmarks/end_phase.py [--reps 6] [--blocks 2] [--out benchmarks/results/FILE.json]
+    python benchmarks/end_phase.py [--reps 6] [--blocks 2] [--traffic 0] [--out benchmarks/results/FILE.json]
 """
 
 from __future__ import annotations
@@ -61,8 +64,48 @@ def start_pair(fixtures: Any, mode: str, token: str, workdir: Path, tag: str) ->
     return start_all(configs)
 
 
-async def block(stack: Stack, snapshots: list[Any], reps: int, tag: str) -> list[dict[str, Any]]:
+TRAFFIC_TOKENS = 16
+
+
+class Traffic:
+    """`streams` closed-loop base-model generations per engine, from `start()` until `stop()`."""
+
+    def __init__(self, stack: Stack, streams: int) -> None:
+        self.stack, self.streams = stack, streams
+        self.tokens = self.failed = 0
+        self.tasks: list[asyncio.Task[None]] = []
+        self.started = self.ended = 0.0
+
+    async def _loop(self, client: Any) -> None:
+        prompt = list(self.stack.fixtures.probe_prompt)
+        while True:
+            try:
+                generation = await client.generate(prompt, None, TRAFFIC_TOKENS, ignore_eos=True)
+                self.tokens += len(generation.output_ids)
+            except Exception:  # counted and reported: a failed generation must not stop the benchmark
+                self.failed += 1
+
+    def start(self) -> None:
+        self.started = time.monotonic()
+        self.tasks = [asyncio.create_task(self._loop(client))
+                      for client in self.stack.clients.values() for _ in range(self.streams)]
+
+    async def stop(self) -> dict[str, Any]:
+        self.ended = time.monotonic()
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+        wall = self.ended - self.started
+        return {"streams": self.streams * len(self.stack.clients), "tokens": self.tokens, "failed": self.failed,
+                "wall_s": round(wall, 2), "tokens_per_s": round(self.tokens / wall, 2) if wall > 0 else None}
+
+
+async def block(stack: Stack, snapshots: list[Any], reps: int, tag: str, traffic: int = 0
+                ) -> tuple[list[dict[str, Any]], dict[str, Any] | None]:
     await stack.publisher.sync_incarnations()
+    load = Traffic(stack, traffic) if traffic else None
+    if load is not None:
+        load.start()
     runs: list[dict[str, Any]] = []
     previous = None
     for i in range(reps):
@@ -83,8 +126,9 @@ async def block(stack: Stack, snapshots: list[Any], reps: int, tag: str) -> list
             if str(reclaimed.status) != "RECLAIMED":
                 raise RuntimeError(f"{tag}: reclaim of {previous}: {reclaimed}")
         previous = version
+    served = await load.stop() if load is not None else None
     await stack.unload_leftovers()
-    return runs
+    return runs, served
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -105,6 +149,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
     report: dict[str, Any] = {
         "benchmark": "end_phase", "commit": commit(), "date_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
         "fixture": QWEN3_0_6B_SHAPE, "bucket_bytes": SCALE_BUCKET, "reps": args.reps, "blocks": args.blocks,
+        "traffic_streams_per_engine": args.traffic, "traffic": {BASELINE: [], PIPELINED: []},
         "host": {"cpus": os.cpu_count(), "load_avg_before": [round(x, 2) for x in os.getloadavg()]},
         "runs": {BASELINE: [], PIPELINED: []},
     }
@@ -119,15 +164,18 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                     stack = stack_over(engines, token, workdir, fixtures, fixtures.probe_prompt, reference,
                                        SCALE_BUCKET)
                     try:
-                        runs = await block(stack, snapshots, args.reps, tag)
+                        runs, served = await block(stack, snapshots, args.reps, tag, args.traffic)
                     finally:
                         await stack.close()
                 finally:
                     for engine in engines:
                         engine.stop()
                 report["runs"][mode] += runs
+                if served is not None:
+                    report["traffic"][mode].append(served)
                 tails = [p["verify_tail_s"] for r in runs for p in r["engines"].values()]
-                print(f"# block {b} {mode}: end_s {[r['end_s'] for r in runs]} verify_tail_s {tails}", flush=True)
+                print(f"# block {b} {mode}: end_s {[r['end_s'] for r in runs]} verify_tail_s {tails}"
+                      + (f" traffic {served}" if served is not None else ""), flush=True)
     finally:
         if started_ray:
             import ray
@@ -143,6 +191,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=6, help="publications per block")
     parser.add_argument("--blocks", type=int, default=2, help="blocks per mode (alternating)")
+    parser.add_argument("--traffic", type=int, default=0,
+                        help="closed-loop generation streams per engine during every publication (0: none)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
     report = asyncio.run(run(args))
@@ -150,6 +200,9 @@ def main() -> None:
     print(f"{'median [95% interval]':<16}" + "".join(f"{k:>26}" for k in ("end_s", *ENGINE_PARTS)))
     for mode, summary in ((BASELINE, base), (PIPELINED, pipe)):
         print(f"{mode:<16}" + "".join(f"{fmt_interval(summary[k]):>26}" for k in ("end_s", *ENGINE_PARTS)))
+    for mode in (BASELINE, PIPELINED):
+        for served in report["traffic"][mode]:
+            print(f"# traffic {mode}: {served}")
     report["last_line"] = {
         "verify_tail_s_pipelined": round(pipe["verify_tail_s"][0], 4),
         "verify_tail_s_baseline": round(base["verify_tail_s"][0], 4),
@@ -157,6 +210,8 @@ def main() -> None:
         "verify_wait_s_pipelined": round(pipe["verify_wait_s"][0], 4),
         "verify_wait_s_baseline": round(base["verify_wait_s"][0], 4),
         "end_s_pipelined": round(pipe["end_s"][0], 4), "end_s_baseline": round(base["end_s"][0], 4),
+        "traffic": args.traffic,
+        "traffic_failed": sum(t["failed"] for runs in report["traffic"].values() for t in runs),
         "commit": report["commit"],
     }
     if args.out:
