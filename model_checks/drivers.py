@@ -280,6 +280,7 @@ class World:
     pending: frozenset[str] = frozenset()
     asked: frozenset[str] = frozenset()  # the request ids asked about so far (a caller may go away after its answer)
     unstored: frozenset[VersionKey] = frozenset()  # versions whose bytes the snapshot store lacks (a recovery's)
+    crowded: bool = False  # other drivers share the registry and engines (model_checks/crowd.py): other processes
 
 
 @attrs.frozen
@@ -1110,7 +1111,7 @@ def _prepared(reg: Any, d: StageState, engine: str) -> bool:
 def _fault_free(w: World, start: World) -> bool:
     """No fault was spent, no request held an engine (it may never end), and no other process was calling."""
     spent = attrs.evolve(w.budget, releases=0) != attrs.evolve(start.budget, releases=0)
-    return not spent and not start.requests and not start.net
+    return not spent and not start.requests and not start.net and not w.crowded
 
 
 @attrs.frozen

@@ -1,0 +1,227 @@
+"""Several drivers in one world: the driver machines model-checked side by side against one registry and one
+set of engines, as the runtime runs them (a Publisher's settle while sessions bind, a Reclaimer while a session
+closes), each over its own faulty channel.
+
+`model_checks/drivers.py` checks one driver per world, whatever else happens arriving only as a scenario's
+setup or one stale call. Here a world is a `Crowd`: the shared part (registry, journal, engines, fault budget,
+requests holding an engine) and one `Lane` per driver (its state, its in-flight calls and replies, its timers,
+its reports, its caller). Nothing is written twice: lane i's moves are exactly `DriverSystem.successors` of the
+one-driver world lane i sees (`view`), merged back (`merge`), so every row, every executor answer and every
+fault is the one-driver checker's; the global moves (an engine restart, a request ending) come out of every
+lane's view alike and are kept once. The budget is shared: one drop is one drop, whichever lane it hits.
+
+Properties: every property of `DriverSystem.problems`, on every lane's view of every reachable world, and
+`finishes`/`told_once` over all lanes. The properties that say "only after a fault" (`unknown_needs_a_fault`,
+`stage_fails_only_by_a_fault`, `rejected_needs_a_fault`, ...) count another lane's calls as another process's
+(`World.crowded`), as the one-driver scenarios do for a stale call: here, another driver may refuse or outpace
+this one with no fault at all, so those are held in the one-driver worlds only.
+
+    python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
+
+Last line: `crowd_rows_fired=a/b states=… violations=…`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import deque
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import attrs
+from immutables import Map
+
+from model_checks.drivers import (
+    DIGESTS,
+    DRIVERS,
+    SESSION,
+    A,
+    B,
+    Budget,
+    CheckResult,
+    DriverSystem,
+    World,
+    _Setup,
+)
+from versioned_lora.lifecycle.drivers import Drivers, SessionState, is_done, publication, reclaim, session, settle
+from versioned_lora.spec.drivers import DRIVER_ROWS
+from versioned_lora.spec.events import AcquireRequest, BindFirst, OpenSession
+from versioned_lora.spec.identities import lora_name
+
+LANE_FIELDS = ("driver", "net", "timers", "reports", "flags", "started", "caller", "pending", "asked")
+
+
+@attrs.frozen(cache_hash=True)
+class Lane:
+    """One driver and what only it sees: its calls and replies in flight, its timers, its reports, its caller."""
+
+    driver: Any
+    net: tuple[tuple[str, Any], ...] = ()
+    timers: frozenset[Any] = frozenset()
+    reports: tuple[Any, ...] = ()
+    flags: tuple[str, ...] = ()
+    started: bool = False
+    caller: tuple[str, ...] = ()
+    pending: frozenset[str] = frozenset()
+    asked: frozenset[str] = frozenset()
+
+
+@attrs.frozen(cache_hash=True)
+class Crowd:
+    shared: World  # its lane fields are empty: each lane holds its own
+    lanes: tuple[Lane, ...]
+
+
+_EMPTY = {field: attrs.fields_dict(World)[field].default for field in LANE_FIELDS if field != "driver"}
+
+
+def view(c: Crowd, i: int) -> World:
+    """The one-driver world lane i sees: the shared part, its own lane, and the others as other processes."""
+    lane = c.lanes[i]
+    return attrs.evolve(c.shared, crowded=True, **{f: getattr(lane, f) for f in LANE_FIELDS})
+
+
+def merge(c: Crowd, i: int, w: World) -> Crowd:
+    lane = Lane(**{f: getattr(w, f) for f in LANE_FIELDS})
+    shared = attrs.evolve(w, driver=None, crowded=False, **_EMPTY)
+    return Crowd(shared, (*c.lanes[:i], lane, *c.lanes[i + 1:]))
+
+
+# ---------------------------------------------------------------- scenarios, built with the real tables
+
+
+def _crowd(s: _Setup, budget: Budget, lanes: tuple[Lane, ...], requests: tuple[tuple[int, str], ...] = ()) -> Crowd:
+    shared = World(s.reg, Map(), tuple(s.engs), None, (), frozenset(), (), budget, requests)
+    return Crowd(shared, lanes)
+
+
+def _session_lane(script: tuple[str, ...], **options: bool) -> Lane:
+    return Lane(session(SESSION, **options), started=True, caller=script)
+
+
+def scenario(name: str, budget: Budget) -> Crowd:
+    s = _Setup()
+    s.stage(A)
+    s.commit(A)
+    if name == "commit_while_binding":  # B READY everywhere, committed while a session binds and generates:
+        s.stage(B)  # the bind lands on A or on B, and its generation goes where that version is servable
+        committing = Lane(settle(B, s.tokens[B][1], s.reg.default_revision, commit=True))
+        return _crowd(s, budget, (committing, _session_lane(("bind", "gen r0", "finish"))))
+    if name == "publish_while_bound":  # B reserved and staged while a session binds to A and generates
+        staging = Lane(publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), 1, "reserve:B"))
+        return _crowd(s, budget, (staging, _session_lane(("bind", "gen r0", "finish"))))
+    if name == "reclaim_while_closing":  # B the default; a session still bound to A closes while A is reclaimed,
+        s.reg_step(OpenSession(SESSION))  # and one of A's requests still runs on E0: the claim is refused until
+        s.reg_step(BindFirst(SESSION))  # the close, and the unload waits for the request
+        s.stage(B)
+        s.commit(B)
+        s.eng_step(0, AcquireRequest(s.tokens[A][0]))
+        lanes = (Lane(reclaim(A)), _session_lane(("finish",), close_only=True))
+        return _crowd(s, attrs.evolve(budget, releases=1), lanes, ((0, s.tokens[A][0]),))
+    raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
+
+
+DEFAULT_BUDGET = Budget()
+SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing")
+# The bounds `make test` runs (tests/model_checks/test_crowd.py).
+CROWD_BOUNDS = (  # a session's cancels as well take publish_while_bound from 111k states (35 s) to 555k (177 s)
+    Budget(drops=1, dups=0, deadlines=0, cancels=0),
+    Budget(drops=0, dups=0, deadlines=1, cancels=0),
+)
+
+# ---------------------------------------------------------------- the search
+
+
+def successors(system: DriverSystem, c: Crowd) -> Iterator[tuple[str, Crowd]]:
+    for i in range(len(c.lanes)):
+        for label, w in system.successors(view(c, i)):
+            yield f"L{i} {label}", merge(c, i, w)
+
+
+def problems(system: DriverSystem, c: Crowd, start: Crowd) -> list[str]:
+    out = []
+    for i in range(len(c.lanes)):
+        out += [f"L{i} {p}" for p in system.problems(view(c, i), view(start, i))]
+    return out
+
+
+def _finished(lane: Lane) -> str | None:
+    """What is wrong with a lane in a world where nothing can happen any more (None: nothing)."""
+    if isinstance(lane.driver, SessionState):
+        return f"told_once: {sorted(lane.pending)} never answered" if lane.pending else None
+    if is_done(lane.driver) and lane.reports:
+        return None
+    return f"finishes: the driver is {lane.driver.phase}"
+
+
+def check(name: str, budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS, system: DriverSystem | None = None,
+          max_states: int = 2_000_000, on_state: Callable[[Crowd], None] | None = None) -> CheckResult:
+    """Breadth-first over every crowd reachable from the scenario (each handed to `on_state`, if given); stops at
+    the first violation."""
+    system = system or DriverSystem(drivers)
+    started = time.monotonic()
+    start = scenario(name, budget)
+    parent: dict[Crowd, tuple[Crowd | None, str]] = {start: (None, "")}
+    queue = deque([start])
+
+    def trace(c: Crowd) -> tuple[str, ...]:
+        steps = []
+        node: Crowd | None = c
+        while node is not None:
+            prev, label = parent[node]
+            if label:
+                steps.append(label)
+            node = prev
+        return tuple(reversed(steps))
+
+    while queue:
+        c = queue.popleft()
+        if on_state is not None:
+            on_state(c)
+        found = problems(system, c, start)
+        succ = []
+        try:
+            succ = list(successors(system, c))
+        except Exception as exc:  # a ProtocolError (uncovered pair) or a bug the table let through
+            found.append(f"{type(exc).__name__}: {exc}")
+        if not succ and not found:
+            found += [f"L{i} {p}" for i, lane in enumerate(c.lanes) if (p := _finished(lane)) is not None]
+        if found:
+            return CheckResult(name, len(parent), time.monotonic() - started, found[0], trace(c))
+        for label, nxt in succ:
+            if nxt not in parent:
+                parent[nxt] = (c, label)
+                queue.append(nxt)
+                if len(parent) > max_states:
+                    raise RuntimeError(f"{name}: more than {max_states} states")
+    return CheckResult(name, len(parent), time.monotonic() - started, None, ())
+
+
+def check_all(budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS,
+              on_result: Callable[[CheckResult], None] | None = None) -> tuple[list[CheckResult], dict[str, int]]:
+    system = DriverSystem(drivers)
+    results = []
+    for name in SCENARIOS:
+        results.append(check(name, budget, drivers, system))
+        if on_result:
+            on_result(results[-1])
+    return results, system.fired
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Model-check several driver machines in one world.")
+    for field, default in (("drops", 1), ("dups", 0), ("deadlines", 0), ("cancels", 0), ("crashes", 0)):
+        parser.add_argument(f"--{field}", type=int, default=default)
+    args = parser.parse_args(argv)
+    budget = Budget(args.drops, args.dups, args.deadlines, args.cancels, args.crashes)
+    results, fired = check_all(budget, on_result=lambda r: print(
+        f"{r.scenario:22s} states={r.states:7d} {r.seconds:6.1f}s {r.violation or 'ok'}", flush=True))
+    print(f"crowd_rows_fired={len(fired)}/{len(DRIVER_ROWS)} states={sum(r.states for r in results)} "
+          f"violations={sum(1 for r in results if r.violation)}")
+    return 1 if any(r.violation for r in results) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

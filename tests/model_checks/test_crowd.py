@@ -1,0 +1,66 @@
+"""Several driver machines in one world (model_checks/crowd.py): every scenario under every bound of CROWD_BOUNDS
+holds every property of the one-driver checker on every lane, and the interleavings that make a crowd worth
+checking are reached (a bind landing on either side of a commit, a claim on either side of a close), so a
+composition that ran its lanes one after the other would fail here."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from model_checks.crowd import CROWD_BOUNDS, SCENARIOS, Crowd, check, merge, scenario, successors, view
+from model_checks.drivers import A, B, Budget, DriverSystem
+from versioned_lora.lifecycle.drivers import ReclaimState, SessionState, SettleState, is_done
+from versioned_lora.spec.drivers import DriverOutcome
+
+
+def test_every_scenario_holds_on_every_bound() -> None:
+    for budget in CROWD_BOUNDS:
+        system = DriverSystem()
+        for name in SCENARIOS:
+            result = check(name, budget, system=system)
+            assert result.violation is None, (name, budget, result.violation, result.trace)
+            assert result.states > 100
+
+
+def _reached(name: str, wanted: Callable[[Crowd], bool]) -> bool:
+    seen: list[Crowd] = []
+    check(name, Budget(drops=0, dups=0, deadlines=0, cancels=0),
+          on_state=lambda c: seen.append(c) if wanted(c) else None)
+    return bool(seen)
+
+
+def _lanes(c: Crowd, kind: type) -> list[object]:
+    return [lane.driver for lane in c.lanes if isinstance(lane.driver, kind)]
+
+
+def test_a_bind_lands_on_either_side_of_the_commit() -> None:
+    def bound_to(version: object, settle_done: bool) -> Callable[[Crowd], bool]:
+        def wanted(c: Crowd) -> bool:
+            s = _lanes(c, SessionState)[0]
+            settling = _lanes(c, SettleState)[0]
+            return getattr(s, "version", None) == version and s.phase == "BOUND" and is_done(settling) is settle_done
+        return wanted
+
+    assert _reached("commit_while_binding", bound_to(A, settle_done=True))  # bound before the commit landed
+    assert _reached("commit_while_binding", bound_to(B, settle_done=False))  # after, its reply still in flight
+
+
+def test_a_claim_lands_on_either_side_of_the_close() -> None:
+    def reclaim_told(outcome: DriverOutcome) -> Callable[[Crowd], bool]:
+        return lambda c: any(r.outcome is outcome for lane in c.lanes if isinstance(lane.driver, ReclaimState)
+                             for r in lane.reports)
+
+    assert _reached("reclaim_while_closing", reclaim_told(DriverOutcome.REJECTED))  # A still bound
+    assert _reached("reclaim_while_closing", reclaim_told(DriverOutcome.RECLAIMED))  # after the close
+
+
+def test_a_lane_sees_the_shared_world_and_only_its_own_traffic() -> None:
+    system = DriverSystem()
+    start = scenario("commit_while_binding", Budget())
+    after = next(c for label, c in successors(system, start) if label.startswith("L1 "))
+    assert after.lanes[0] == start.lanes[0]  # lane 1's step moved nothing of lane 0
+    w = view(after, 1)
+    assert w.crowded and w.driver is after.lanes[1].driver
+    assert merge(after, 1, w) == after  # a view merged back unchanged is the same crowd
+    assert view(after, 0).net == after.lanes[0].net
+
