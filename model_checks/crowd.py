@@ -16,6 +16,13 @@ Properties: every property of `DriverSystem.problems`, on every lane's view of e
 (`World.crowded`), as the one-driver scenarios do for a stale call: here, another driver may refuse or outpace
 this one with no fault at all, so those are held in the one-driver worlds only.
 
+What the first crowd found (rehydrate_while_generating): a session may read the dispatch view (E0 and E1), the
+supervisor's report of E0's restart be adopted, and the generation then go to E0 under the older view. Routing
+by the table holds at the view, not at delivery: E0, holding nothing at its new incarnation, refuses, and the
+session re-dispatches the same binding (`generate.redispatch`). `dispatch_by_the_table` is held against the
+registry of the moment in the one-driver worlds only; here a send is held to its own view (`sub_state_is_true`)
+and an engine serves only what its table holds (tests/model_checks/test_crowd.py reaches the window).
+
     python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
 
 Last line: `crowd_rows_fired=a/b states=… violations=…`.
@@ -45,9 +52,19 @@ from model_checks.drivers import (
     World,
     _Setup,
 )
-from versioned_lora.lifecycle.drivers import Drivers, SessionState, is_done, publication, reclaim, session, settle
+from versioned_lora.lifecycle import CORE
+from versioned_lora.lifecycle.drivers import (
+    Drivers,
+    SessionState,
+    is_done,
+    publication,
+    reclaim,
+    session,
+    settle,
+    supervise,
+)
 from versioned_lora.spec.drivers import DRIVER_ROWS
-from versioned_lora.spec.events import AcquireRequest, BindFirst, OpenSession
+from versioned_lora.spec.events import AcquireRequest, BindFirst, EngineStarted, OpenSession
 from versioned_lora.spec.identities import lora_name
 
 LANE_FIELDS = ("driver", "net", "timers", "reports", "flags", "started", "caller", "pending", "asked")
@@ -120,11 +137,15 @@ def scenario(name: str, budget: Budget) -> Crowd:
         s.eng_step(0, AcquireRequest(s.tokens[A][0]))
         lanes = (Lane(reclaim(A)), _session_lane(("finish",), close_only=True))
         return _crowd(s, attrs.evolve(budget, releases=1), lanes, ((0, s.tokens[A][0]),))
+    if name == "rehydrate_while_generating":  # E0 restarted and holds nothing, its restart not yet reported: its
+        s.engs[0] = CORE.engine_step(s.engs[0], EngineStarted(2))[0]  # supervisor reports and rehydrates A while
+        lanes = (Lane(supervise("E0")), _session_lane(("bind", "gen r0", "finish")))  # a session generates
+        return _crowd(s, budget, lanes)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
 DEFAULT_BUDGET = Budget()
-SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing")
+SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing", "rehydrate_while_generating")
 # The bounds `make test` runs (tests/model_checks/test_crowd.py).
 CROWD_BOUNDS = (  # a session's cancels as well take publish_while_bound from 111k states (35 s) to 555k (177 s)
     Budget(drops=1, dups=0, deadlines=0, cancels=0),

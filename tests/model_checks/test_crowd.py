@@ -9,7 +9,8 @@ from collections.abc import Callable
 
 from model_checks.crowd import CROWD_BOUNDS, SCENARIOS, Crowd, check, merge, scenario, successors, view
 from model_checks.drivers import A, B, Budget, DriverSystem
-from versioned_lora.lifecycle.drivers import ReclaimState, SessionState, SettleState, is_done
+from versioned_lora.lifecycle.drivers import ReclaimState, SendGeneration, SessionState, SettleState, is_done
+from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.spec.drivers import DriverOutcome
 
 
@@ -64,3 +65,24 @@ def test_a_lane_sees_the_shared_world_and_only_its_own_traffic() -> None:
     assert merge(after, 1, w) == after  # a view merged back unchanged is the same crowd
     assert view(after, 0).net == after.lanes[0].net
 
+
+
+def test_a_view_read_before_a_restart_is_adopted_is_refused_by_the_engine_and_redispatched() -> None:
+    """The window the one-driver checker cannot reach: the session reads the dispatch view (E0 and E1), the
+    supervisor's report of E0's restart is adopted, and then the generation is sent with the older view. E0
+    holds nothing at its new incarnation and refuses; the session re-dispatches the same binding
+    (generate.redispatch) to where a fresh view says, and no engine serves a version it does not hold."""
+    system = DriverSystem()
+    stale: list[Crowd] = []
+
+    def sent_after_adoption(c: Crowd) -> None:
+        registry = c.shared.registry
+        adopted = registry.incarnations["E0"] == 2 and not servable_on(registry, A, "E0")
+        if adopted and any(kind == "req" and isinstance(m, SendGeneration) and "E0" in m.engines
+                           for lane in c.lanes for kind, m in lane.net):
+            stale.append(c)
+
+    result = check("rehydrate_while_generating", Budget(drops=0, dups=0, deadlines=0, cancels=0), system=system,
+                   on_state=sent_after_adoption)
+    assert result.violation is None, (result.violation, result.trace)
+    assert stale and system.fired.get("generate.redispatch", 0) > 0
