@@ -19,9 +19,10 @@ this one with no fault at all, so those are held in the one-driver worlds only.
 What the first crowd found (rehydrate_while_generating): a session may read the dispatch view (E0 and E1), the
 supervisor's report of E0's restart be adopted, and the generation then go to E0 under the older view. Routing
 by the table holds at the view, not at delivery: E0, holding nothing at its new incarnation, refuses, and the
-session re-dispatches the same binding (`generate.redispatch`). `dispatch_by_the_table` is held against the
-registry of the moment in the one-driver worlds only; here a send is held to its own view (`sub_state_is_true`)
-and an engine serves only what its table holds (tests/model_checks/test_crowd.py reaches the window).
+session re-dispatches the same binding (`generate.redispatch`). So in a crowd `dispatch_by_the_table` leaves out
+an engine whose restart another lane adopted since the start: a send there goes where its view answered (row
+`view.servable`), and an engine serves only what its table holds (tests/model_checks/test_crowd.py reaches the
+window).
 
     python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
 

@@ -69,8 +69,8 @@ Properties, on every reachable world:
   A session (SESSION_SCENARIOS: its caller asks a script of bind / generate / resolve / finish, each while the
   earlier ones may still be in flight, and may go away from a generation; `cancels` budget):
   carries_the_binding      every generation sent carries the lora_name the registry bound the session to
-  dispatch_by_the_table    ... and goes only to engines where the registry has the version servable now (with no
-                           other driver moving the registry: in a crowd, where its view said)
+  dispatch_by_the_table    ... and goes only to engines where the registry has the version servable now (in a crowd,
+                           an engine whose restart another driver adopted since the start: where its view said)
   nothing_after_finish     no dispatch view is read and no generation sent once the finish began
   unknown_blocks_the_next  no generation starts while an earlier one's outcome is unknown
   never_resent             a generation is sent only from its dispatch or after an engine refused the version
@@ -963,18 +963,18 @@ def _session_problems(w: World, start: World) -> list[str]:
     record = reg.sessions.get(d.session)
     restarted = w.budget.crashes != start.budget.crashes
     live = session_state(reg, d.session).name in ("BOUND", "FINALIZING")  # a tombstone drops the binding
+    adopted = {e for e in ENGINES if w.crowded and reg.incarnations[e] != start.registry.incarnations[e]}
     for kind, c in w.net:
         if kind == "req" and isinstance(c, SendGeneration) and live:
             bound = None if record is None else record.version
             if bound is None or c.lora_name != reg.versions[bound].lora_name:
                 out.append(f"carries_the_binding: {c.call.engine} carries {c.lora_name!r}, the registry bound "
                            f"{bound}")
-            # Not after a restart, and not in a crowd (model_checks/crowd.py), where another driver (a supervisor
-            # adopting a restart) may move the registry between the view and the send: there the send goes where
-            # its view said (sub_state_is_true), and an engine that no longer holds the version refuses it (the
-            # engine table), which the session re-dispatches (generate.redispatch).
-            elif not restarted and not w.crowded and not c.engines <= {
-                    e for e in ENGINES if servable_on(reg, bound, e)}:
+            # Not after a restart; and in a crowd (model_checks/crowd.py) not for an engine whose new incarnation
+            # another driver (its supervisor) had adopted since the start: the adoption may land between the view
+            # and the send, and then the send goes where its view answered (view.servable), the engine that no
+            # longer holds the version refuses it (its table), and the session re-dispatches (generate.redispatch).
+            elif not restarted and not (c.engines - adopted) <= {e for e in ENGINES if servable_on(reg, bound, e)}:
                 out.append(f"dispatch_by_the_table: {c.call.engine} sent to {sorted(c.engines)}, not servable there")
     for rid, g in d.requests.items():
         if not g.engines <= set(ENGINES) or not g.refused <= g.engines:
