@@ -33,8 +33,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-import time
-from collections import deque
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -52,12 +50,12 @@ from model_checks.drivers import (
     DriverSystem,
     World,
     _Setup,
+    search,
+    stuck,
 )
 from versioned_lora.lifecycle import CORE
 from versioned_lora.lifecycle.drivers import (
     Drivers,
-    SessionState,
-    is_done,
     publication,
     reclaim,
     session,
@@ -169,13 +167,9 @@ def problems(system: DriverSystem, c: Crowd, start: Crowd) -> list[str]:
     return out
 
 
-def _finished(lane: Lane) -> str | None:
-    """What is wrong with a lane in a world where nothing can happen any more (None: nothing)."""
-    if isinstance(lane.driver, SessionState):
-        return f"told_once: {sorted(lane.pending)} never answered" if lane.pending else None
-    if is_done(lane.driver) and lane.reports:
-        return None
-    return f"finishes: the driver is {lane.driver.phase}"
+def _stuck(c: Crowd) -> list[str]:
+    """A crowd where nothing can happen any more: each lane as a one-driver world would be judged."""
+    return [f"L{i} {p}" for i in range(len(c.lanes)) for p in stuck(view(c, i))]
 
 
 def check(name: str, budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS, system: DriverSystem | None = None,
@@ -183,42 +177,9 @@ def check(name: str, budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS
     """Breadth-first over every crowd reachable from the scenario (each handed to `on_state`, if given); stops at
     the first violation."""
     system = system or DriverSystem(drivers)
-    started = time.monotonic()
     start = scenario(name, budget)
-    parent: dict[Crowd, tuple[Crowd | None, str]] = {start: (None, "")}
-    queue = deque([start])
-
-    def trace(c: Crowd) -> tuple[str, ...]:
-        steps = []
-        node: Crowd | None = c
-        while node is not None:
-            prev, label = parent[node]
-            if label:
-                steps.append(label)
-            node = prev
-        return tuple(reversed(steps))
-
-    while queue:
-        c = queue.popleft()
-        if on_state is not None:
-            on_state(c)
-        found = problems(system, c, start)
-        succ = []
-        try:
-            succ = list(successors(system, c))
-        except Exception as exc:  # a ProtocolError (uncovered pair) or a bug the table let through
-            found.append(f"{type(exc).__name__}: {exc}")
-        if not succ and not found:
-            found += [f"L{i} {p}" for i, lane in enumerate(c.lanes) if (p := _finished(lane)) is not None]
-        if found:
-            return CheckResult(name, len(parent), time.monotonic() - started, found[0], trace(c))
-        for label, nxt in succ:
-            if nxt not in parent:
-                parent[nxt] = (c, label)
-                queue.append(nxt)
-                if len(parent) > max_states:
-                    raise RuntimeError(f"{name}: more than {max_states} states")
-    return CheckResult(name, len(parent), time.monotonic() - started, None, ())
+    return search(name, start, lambda c: successors(system, c), lambda c: problems(system, c, start), _stuck,
+                  max_states, on_state)
 
 
 def check_all(budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS,

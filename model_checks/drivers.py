@@ -1129,18 +1129,18 @@ class CheckResult:
     trace: tuple[str, ...]
 
 
-def check(name: str, budget: Budget = Budget(), drivers: Drivers = DRIVERS, system: DriverSystem | None = None,
-          max_states: int = 2_000_000) -> CheckResult:
-    """Breadth-first over every world reachable from the scenario; stops at the first violation."""
-    system = system or DriverSystem(drivers)
+def search(name: str, start: Any, successors: Callable[[Any], Iterator[tuple[str, Any]]],
+           problems: Callable[[Any], list[str]], stuck: Callable[[Any], list[str]], max_states: int = 2_000_000,
+           on_state: Callable[[Any], None] | None = None) -> CheckResult:
+    """Breadth-first over every state reachable from `start` (each handed to `on_state`, if given); stops at the
+    first problem. `stuck` names what is wrong with a state where nothing can happen any more (if anything)."""
     started = time.monotonic()
-    start = scenario(name, budget)
-    parent: dict[World, tuple[World | None, str]] = {start: (None, "")}
+    parent: dict[Any, tuple[Any, str]] = {start: (None, "")}
     queue = deque([start])
 
-    def trace(w: World) -> tuple[str, ...]:
+    def trace(state: Any) -> tuple[str, ...]:
         steps = []
-        node: World | None = w
+        node = state
         while node is not None:
             prev, label = parent[node]
             if label:
@@ -1149,27 +1149,44 @@ def check(name: str, budget: Budget = Budget(), drivers: Drivers = DRIVERS, syst
         return tuple(reversed(steps))
 
     while queue:
-        w = queue.popleft()
-        problems = system.problems(w, start)
+        state = queue.popleft()
+        if on_state is not None:
+            on_state(state)
+        found = problems(state)
         succ = []
         try:
-            succ = list(system.successors(w))
+            succ = list(successors(state))
         except Exception as exc:  # a ProtocolError (uncovered pair) or a bug the table let through
-            problems.append(f"{type(exc).__name__}: {exc}")
-        if not succ and not problems and isinstance(w.driver, SessionState):
-            if w.pending:  # a session runs until closed; what its caller asked must have been answered
-                problems.append(f"told_once: nothing can happen and {sorted(w.pending)} was never answered")
-        elif not succ and not problems and not (is_done(w.driver) and w.reports):
-            problems.append(f"finishes: nothing can happen and the driver is {w.driver.phase}")
-        if problems:
-            return CheckResult(name, len(parent), time.monotonic() - started, problems[0], trace(w))
+            found.append(f"{type(exc).__name__}: {exc}")
+        if not succ and not found:
+            found = stuck(state)
+        if found:
+            return CheckResult(name, len(parent), time.monotonic() - started, found[0], trace(state))
         for label, nxt in succ:
             if nxt not in parent:
-                parent[nxt] = (w, label)
+                parent[nxt] = (state, label)
                 queue.append(nxt)
                 if len(parent) > max_states:
                     raise RuntimeError(f"{name}: more than {max_states} states")
     return CheckResult(name, len(parent), time.monotonic() - started, None, ())
+
+
+def stuck(w: World) -> list[str]:
+    """What is wrong with a world where nothing can happen any more: a session must have answered its caller, any
+    other driver must be done with a report."""
+    if isinstance(w.driver, SessionState):  # a session runs until closed
+        return [f"told_once: nothing can happen and {sorted(w.pending)} was never answered"] if w.pending else []
+    if is_done(w.driver) and w.reports:
+        return []
+    return [f"finishes: nothing can happen and the driver is {w.driver.phase}"]
+
+
+def check(name: str, budget: Budget = Budget(), drivers: Drivers = DRIVERS, system: DriverSystem | None = None,
+          max_states: int = 2_000_000) -> CheckResult:
+    """Breadth-first over every world reachable from the scenario; stops at the first violation."""
+    system = system or DriverSystem(drivers)
+    start = scenario(name, budget)
+    return search(name, start, system.successors, lambda w: system.problems(w, start), stuck, max_states)
 
 
 # The bounds `make test` runs (tests/model_checks/test_drivers.py) and the mutants are run on: together they
