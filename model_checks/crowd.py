@@ -37,7 +37,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
-from immutables import Map
 
 from model_checks.drivers import (
     DIGESTS,
@@ -50,6 +49,7 @@ from model_checks.drivers import (
     DriverSystem,
     World,
     _Setup,
+    _world,
     search,
     stuck,
 )
@@ -109,8 +109,7 @@ def merge(c: Crowd, i: int, w: World) -> Crowd:
 
 
 def _crowd(s: _Setup, budget: Budget, lanes: tuple[Lane, ...], requests: tuple[tuple[int, str], ...] = ()) -> Crowd:
-    shared = World(s.reg, Map(), tuple(s.engs), None, (), frozenset(), (), budget, requests)
-    return Crowd(shared, lanes)
+    return Crowd(_world(s, None, budget, requests), lanes)
 
 
 def _session_lane(script: tuple[str, ...], **options: bool) -> Lane:
