@@ -69,6 +69,11 @@ class EngineConfig:
     extra_args: Sequence[str] = ()
     log_path: Path | None = None
     env: dict[str, str] = attrs.field(factory=dict)
+    # torch's intra-op threads in a CPU engine (OMP_NUM_THREADS; None: inherit). torch takes every core by
+    # default, so two engines on this 2-core host ran four busy OpenMP threads on two cores: the tiny fixture
+    # decoded 6-8x slower than with one thread each (2026-12-04, benchmarks/results/RESULTS.md "One torch
+    # thread per CPU engine"). `env` still wins over this.
+    cpu_threads: int | None = 1
 
     def command(self) -> list[str]:
         args = [
@@ -107,7 +112,9 @@ class EngineProcess:
             raise RuntimeError(f"engine on port {self.config.port} is already running (pid {self._proc.pid})")
         if not _port_free(self.config.host, self.config.port):
             raise EngineStartError(f"port {self.config.port} is already in use; is an old engine still running?")
-        env = {**os.environ, **self.config.env, PATCHES_ENV: ",".join(self.config.patches),
+        cpu_threads = self.config.cpu_threads if self.config.cpu else None
+        threads = {"OMP_NUM_THREADS": str(cpu_threads)} if cpu_threads else {}
+        env = {**os.environ, **threads, **self.config.env, PATCHES_ENV: ",".join(self.config.patches),
                EXIT_WITH_PARENT_ENV: "1"}  # a killed owner (no cleanup ran) must not leave the engine running
         env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = self.config.log_path or default_log_path(self.config.port)
