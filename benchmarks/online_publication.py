@@ -23,17 +23,23 @@ Two methods (`--method`); the design of each is fixed before the run and printed
   the publication at the pair's seeded offset (the same for both modes of a pair). Steady over control
   (`null_ratio`) is what the method reads when nothing happens: near 1 with an interval as narrow as the
   goal's, or the tput_ratio beside it cannot be read. Reclaim, floor and candidate preparation run between
-  pairs, without traffic.
-- closed-loop (descriptive): pairs of (steady window, publication window) of `--window` seconds each, the
-  publication starting `--offset` seconds into its window; `--pairs` pairs per mode, and before every pair
+  pairs, without traffic. Under a load the engines keep up with, every request offered in a window is served
+  inside it, so `tput_ratio` reads 1 unless the publication delays or loses work past the window's end: it is
+  the delivered share of the offered work. What the engines could still do is read beside it (below).
+- closed-loop (descriptive): triples of (control, steady, publication) windows of `--window` seconds each,
+  the publication starting `--offset` seconds into its window; `--pairs` per mode, and before every triple
   the traffic of that mode runs a `--warmup` that is discarded.
 
 Both: modes alternate pair by pair (M, B, M, B, ...). Per window: throughput (output tokens generated in the
 window, `generated_tokens`, and completed requests per second), latency p50/p95/p99, longest
 no-progress interval per engine (chunk arrival times of one streamed generation kept in flight per
 engine), failed/aborted requests, cached-token rate of continuing turns, managed versions held, and the
-engine-wide audit counters (pause/flush/abort_all). Ratios are publication window over steady window per
-pair; medians over pairs with 95% bootstrap intervals (resampling pairs).
+engine-wide audit counters (pause/flush/abort_all), and the engines' own counts (`demo.engine_counters`,
+engines started with `--enable-metrics`): decode tokens and forward passes, exact at the window's edges.
+The engines' decode tokens include the progress monitor's stream, which runs flat out on every engine: so
+`engine_tput_ratio` reads the engines' decode rate with the publication against without it, whatever the
+offered load. Ratios are publication window over steady window per pair; medians over pairs with 95%
+bootstrap intervals (resampling pairs).
 
 The publication floor is measured in the same run, under managed traffic, between windows: a raw gloo
 transfer of the same buckets + one stock native load from the same tensors + the probe (see
@@ -66,6 +72,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.capabilities import write_key_file
+from versioned_lora.demo.engine_counters import Counts, EngineCounters, MetricsUnavailable, total, window_counts
 from versioned_lora.demo.floor import RawTransferFloor, native_load_and_probe
 from versioned_lora.demo.report import jsonable
 from versioned_lora.demo.stack import Stack, ensure_ray, new_token, start_engines
@@ -167,7 +174,22 @@ class Window:
     end: float
     audit: dict[str, int] = attrs.field(factory=dict)
     managed_max: int = 0
+    engine: dict[str, Counts] | None = None  # each engine's counters over the window (None: not exported)
     figures: dict[str, Any] = attrs.field(factory=dict)
+
+
+def engine_figures(window: Window) -> dict[str, Any]:
+    """What the engines counted over the window (`demo.engine_counters`): decode tokens and forward passes."""
+    if window.engine is None:
+        return {"engine_tokens_per_s": None}
+    seconds = window.end - window.start
+    summed = total(list(window.engine.values()))
+    return {
+        "engine_tokens_per_s": summed.decode_tokens / seconds,
+        "engine_decode_passes_per_s": summed.decode_passes / seconds,
+        "engine_prefill_passes": summed.prefill_passes,
+        "engine_tokens_per_s_by_engine": {k: c.decode_tokens / seconds for k, c in window.engine.items()},
+    }
 
 
 def window_figures(window: Window, recorder: RecordingBackend, monitor: ProgressMonitor) -> dict[str, Any]:
@@ -191,6 +213,7 @@ def window_figures(window: Window, recorder: RecordingBackend, monitor: Progress
         "unknown": sum(1 for r in inside if r.outcome == "unknown"),
         "cached_token_rate_continuing": (sum(r.cached_tokens for r in continuing)
                                          / max(1, sum(r.prompt_tokens for r in continuing))),
+        **engine_figures(window),
     }
 
 
@@ -221,6 +244,13 @@ def ratio(a: float, b: float) -> float:
     return a / b if b else float("nan")
 
 
+def engine_ratio(a: dict[str, Any], b: dict[str, Any] | None) -> float | None:
+    """Two windows' engine-counted decode tokens/s, a over b (None where the engines did not count them)."""
+    if b is None or a.get("engine_tokens_per_s") is None or b.get("engine_tokens_per_s") is None:
+        return None
+    return ratio(a["engine_tokens_per_s"], b["engine_tokens_per_s"])
+
+
 # ------------------------------------------------------------------------------------------ the run
 
 
@@ -232,6 +262,7 @@ class Bench:
         self.recorder = RecordingBackend(stack.backend, stack.route)
         self.monitor = ProgressMonitor(list(stack.clients.values()))
         self.sampler = RegistrySampler(stack.registry, list(stack.clients.values()), stack.labels.get)
+        self.counters: EngineCounters | None = EngineCounters({k: c.base_url for k, c in stack.clients.items()})
         self.windows: list[Window] = []
         self.publications: list[dict[str, Any]] = []
         self.floors: list[dict[str, float]] = []
@@ -319,7 +350,7 @@ class Bench:
 
     async def window(self, mode: str, kind: str, pair: int) -> Window:
         prepared = self.next_candidate() if (mode, kind) == ("managed", "publication") else None
-        if kind == "steady" and mode == "managed" and self._pending_reclaim is not None:
+        if kind == "control" and mode == "managed" and self._pending_reclaim is not None:
             pending, self._pending_reclaim = self._pending_reclaim, None
             await self.reclaim_previous(pending)  # outside the window: its clock starts after this
         return await self.window_at(mode, kind, pair, time.monotonic(), self.args.offset, prepared)
@@ -330,6 +361,7 @@ class Bench:
         schedule's period, the closed-loop one starts it now. A publication window publishes `offset` seconds
         in (the managed candidate prepared before the window)."""
         await asyncio.sleep(max(0.0, start - time.monotonic()))
+        counted = await self.read_counters()
         audit = await self.audit_total()
         window = Window(mode, kind, pair, start, start + self.args.window)
         publication: dict[str, Any] | None = None
@@ -341,6 +373,9 @@ class Bench:
             publication["offset_s"] = offset
             self.publications.append(publication)
         await asyncio.sleep(max(0.0, window.end - time.monotonic()))
+        counted_after = await self.read_counters()
+        if counted is not None and counted_after is not None:
+            window.engine = window_counts(counted, counted_after)
         after = await self.audit_total()
         window.audit = {k: after[k] - audit[k] for k in AUDITED}
         window.managed_max = max((s.managed for s in self.sampler.samples if start <= s.t <= window.end), default=0)
@@ -348,6 +383,19 @@ class Bench:
         if publication is not None and publication.get("previous") is not None:
             self._pending_reclaim = publication["previous"]
         return window
+
+    async def read_counters(self) -> dict[str, Counts] | None:
+        """The engines' counters now, or None for engines that do not export them (attached ones started
+        without `--enable-metrics`: the ratios then fall back to the client's estimate, and say so)."""
+        if self.counters is None:
+            return None
+        try:
+            return await self.counters.read()
+        except MetricsUnavailable as exc:
+            print(f"  engine counters unavailable ({exc}): throughput from the client's estimate", flush=True)
+            await self.counters.close()
+            self.counters = None
+            return None
 
     async def run_open_loop(self, raw: RawTransferFloor | None) -> None:
         """Per pair and mode (modes alternating pair by pair): open-loop traffic on the one seeded schedule,
@@ -418,7 +466,7 @@ class Bench:
                     traffic = self.traffic(mode)
                     traffic.start()
                     await asyncio.sleep(args.warmup)  # discarded: mode switch, and the cold cache after a flush
-                    for kind in ("steady", "publication"):
+                    for kind in ("control", "steady", "publication"):
                         w = await self.window(mode, kind, pair)
                         print(f"  {mode:8s} pair {pair} {kind:11s} done; audit {w.audit}", flush=True)
                     if mode == "managed":
@@ -433,6 +481,8 @@ class Bench:
         finally:
             await self.monitor.stop()
             await self.sampler.stop()
+            if self.counters is not None:
+                await self.counters.close()
             if raw is not None:
                 try:
                     await raw.close()
@@ -462,6 +512,10 @@ class Bench:
                     "null_ratio": None if control is None else ratio(s["tokens_per_s"],
                                                                      control.figures["tokens_per_s"]),
                     "tput_ratio": ratio(p["tokens_per_s"], s["tokens_per_s"]),
+                    # The engines' own decode tokens (every stream on them, the progress monitor's included):
+                    # what they did in the window, whatever the offered load asked of them.
+                    "engine_null_ratio": engine_ratio(s, None if control is None else control.figures),
+                    "engine_tput_ratio": engine_ratio(p, s),
                     "rps_ratio": ratio(p["throughput_rps"], s["throughput_rps"]),
                     "p95_ratio": ratio(p["latency_p95_s"], s["latency_p95_s"]),
                     "gap_ratio": ratio(p["no_progress_max_s"], s["no_progress_max_s"]),
@@ -474,6 +528,10 @@ class Bench:
                 "pairs": rows,
                 "tput_ratio": bootstrap_median([r["tput_ratio"] for r in rows]),
                 "null_ratio": bootstrap_median([r["null_ratio"] for r in rows if r["null_ratio"] is not None]),
+                "engine_tput_ratio": bootstrap_median([r["engine_tput_ratio"] for r in rows
+                                                       if r["engine_tput_ratio"] is not None]),
+                "engine_null_ratio": bootstrap_median([r["engine_null_ratio"] for r in rows
+                                                       if r["engine_null_ratio"] is not None]),
                 "rps_ratio": bootstrap_median([r["rps_ratio"] for r in rows]),
                 "p95_ratio": bootstrap_median([r["p95_ratio"] for r in rows]),
                 "gap_ratio": bootstrap_median([r["gap_ratio"] for r in rows]),
@@ -498,7 +556,10 @@ class Bench:
             "publications": [{k: v for k, v in p.items() if k != "previous"} for p in self.publications],
             "reclaims": self.reclaims,
             "windows": [{"mode": w.mode, "kind": w.kind, "pair": w.pair, "start": w.start - self.t0,
-                         "end": w.end - self.t0, "audit": w.audit, "managed_max": w.managed_max, **w.figures}
+                         "end": w.end - self.t0, "audit": w.audit, "managed_max": w.managed_max,
+                         "engine_counts": None if w.engine is None else {k: attrs.asdict(c) for k, c in
+                                                                          w.engine.items()},
+                         **w.figures}
                         for w in self.windows],
             "managed_over_time": [{"t": s.t - self.t0, "registry": s.managed, "engines": list(s.engine_managed)}
                                   for s in self.sampler.samples],
@@ -509,8 +570,10 @@ class Bench:
 
 def _log_window(w: Window) -> None:
     f = w.figures
-    print(f"  {w.mode:8s} pair {w.pair} {w.kind:11s} {f['tokens_per_s']:6.1f} tok/s {f['throughput_rps']:5.2f} req/s"
-          f"  p95 "
+    engine = "" if f.get("engine_tokens_per_s") is None else (
+        f" (engines {f['engine_tokens_per_s']:6.1f} tok/s, {f['engine_decode_passes_per_s']:5.1f} decode passes/s)")
+    print(f"  {w.mode:8s} pair {w.pair} {w.kind:11s} {f['tokens_per_s']:6.1f} tok/s{engine} "
+          f"{f['throughput_rps']:5.2f} req/s  p95 "
           f"{1000 * f['latency_p95_s']:6.0f} ms  gap {f['no_progress_max_s']:5.2f} s  failed {f['failed']} "
           f"aborted {f['aborted']}  cache {f['cached_token_rate_continuing']:.0%}  audit {w.audit}", flush=True)
 
@@ -550,9 +613,13 @@ async def _main(args: argparse.Namespace, urls: list[str], token: str | None, fi
               f"{m['cache_rate_steady'][0]:.0%} -> publication {m['cache_rate_publication'][0]:.0%}  "
               f"versions held max {m['managed_versions_max']}")
     fl = report["floor"]
-    null = report["modes"]["managed"]["null_ratio"]
+    managed = report["modes"]["managed"]
+    null, engine, engine_null = managed["null_ratio"], managed["engine_tput_ratio"], managed["engine_null_ratio"]
     print(f"null_ratio={null[0]:.3f} null_ci={null[1]:.3f},{null[2]:.3f} (managed steady over control: no "
           f"publication in either window)")
+    print(f"engines' own decode tokens: engine_tput_ratio={engine[0]:.3f} engine_tput_ci={engine[1]:.3f},"
+          f"{engine[2]:.3f} engine_null_ratio={engine_null[0]:.3f} engine_null_ci={engine_null[1]:.3f},"
+          f"{engine_null[2]:.3f}")
     print(f"floor_s {fmt_interval(fl['floor_s'])} (raw transfer + native load + probe; components in the JSON)")
     print(f"report: {out / 'online_publication.json'}")
     print(last_line(report["modes"]["managed"], fl["floor_ratio"]))
@@ -580,7 +647,9 @@ def main(argv: list[str] | None = None) -> int:
     # afresh per pair and mode, was still ramping up, its steady windows completing 19 of the 36 requests a
     # period offers and its publication windows 26, and each pair's two windows splitting one backlog (request
     # counts correlated -0.6), so the ratio read the ramp, not the publication.
-    parser.add_argument("--settle", type=int, default=4,
+    # With one torch thread per engine (EngineConfig.cpu_threads, 2026-12-04) a request of this load lives ~0.1 s
+    # and a session ~1 s: one discarded period is the whole ramp-up, and 4 cost 9 of every 21 s of traffic.
+    parser.add_argument("--settle", type=int, default=1,
                         help="open-loop: periods discarded per pair and mode before its control window")
     parser.add_argument("--rate", type=float, default=1.5, help="open-loop: session arrivals per second")
     parser.add_argument("--seed", type=int, default=7, help="open-loop: the arrival schedule and publication offsets")
@@ -595,7 +664,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="model and adapters A/B (qwen3-0.6b-shape: r=64 on all seven modules, ~80 MB)")
     args = parser.parse_args(argv)
     open_loop = args.method == "open-loop"
-    args.pairs = args.pairs or (30 if open_loop else 5)
+    args.pairs = args.pairs or (20 if open_loop else 5)  # open loop: 20 pairs, ~10 minutes of traffic
     args.window = args.window or (3.0 if open_loop else 15.0)
     if args.quick:
         if open_loop:
@@ -628,7 +697,9 @@ def main(argv: list[str] | None = None) -> int:
             token = new_token()
             key_file = write_key_file(out / "capability.key")  # the engines' and the registry actor's
             began = time.monotonic()
-            engines = start_engines(fixtures, out, token, capability_key_file=key_file)
+            # --enable-metrics: the scheduler's own counters (demo.engine_counters), read at every window's edges
+            engines = start_engines(fixtures, out, token, capability_key_file=key_file,
+                                    extra_args=("--enable-metrics",))
             print(f"engines up in {time.monotonic() - began:.0f}s", flush=True)
             urls = [e.url for e in engines]
         return asyncio.run(_main(args, urls, token, fixtures, out, key_file))

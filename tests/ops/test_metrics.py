@@ -21,6 +21,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
+from versioned_lora.demo.engine_counters import Counts, EngineCounters
 from versioned_lora.demo.stack import Stack
 from versioned_lora.spec.wire import SOURCE_ROOT_ENV
 
@@ -153,3 +154,29 @@ def test_registry_and_engine_metrics_after_a_publication_and_a_reclaim(metrics_e
 
     run(body())
 
+
+
+def test_the_scheduler_counters_the_online_benchmark_reads_count_one_generation_exactly(metrics_engine) -> None:
+    """`demo.engine_counters` against the real engine: one greedy generation of 9 tokens on an idle engine is one
+    prefill pass (its first token) and 8 decode passes of one token each, in the counters read over HTTP."""
+    tokens = 9
+
+    async def body() -> tuple[Counts, Counts]:
+        counters = EngineCounters({"E0": metrics_engine.url})
+        try:
+            before = (await counters.read())["E0"]
+            async with SGLangClient(metrics_engine.url, token=TEST_TOKEN) as client:
+                generation = await client.generate(PROMPT, None, tokens, ignore_eos=True)
+            assert len(generation.output_ids) == tokens
+            # The scheduler steps its counters after it hands the pass's tokens on: wait for them to settle.
+            deadline = time.monotonic() + 5.0
+            while True:
+                after = (await counters.read())["E0"]
+                if after.minus(before).decode_tokens >= tokens - 1 or time.monotonic() > deadline:
+                    return before, after
+                await asyncio.sleep(0.05)
+        finally:
+            await counters.close()
+
+    before, after = run(body())
+    assert after.minus(before) == Counts(decode_tokens=tokens - 1, decode_passes=tokens - 1, prefill_passes=1)
