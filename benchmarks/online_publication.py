@@ -36,10 +36,10 @@ no-progress interval per engine (chunk arrival times of one streamed generation 
 engine), failed/aborted requests, cached-token rate of continuing turns, managed versions held, and the
 engine-wide audit counters (pause/flush/abort_all), and the engines' own counts (`demo.engine_counters`,
 engines started with `--enable-metrics`): decode tokens and forward passes, exact at the window's edges.
-The engines' decode tokens include the progress monitor's stream (`--monitor-tokens` long, so that it does not
-wait on this process between streams), which runs flat out on every engine: so
+The engines' decode tokens include the progress monitor's stream, which runs flat out on every engine: so
 `engine_tput_ratio` reads the engines' decode rate with the publication against without it, whatever the
-offered load. Ratios are publication window over steady window per pair; medians over pairs with 95%
+offered load. (A 1024-token monitor stream instead of 16 tokens, tried at 7e6a8d8, did not narrow it:
+benchmarks/results/RESULTS.md.) Ratios are publication window over steady window per pair; medians over pairs with 95%
 bootstrap intervals (resampling pairs).
 
 The publication floor is measured in the same run, under managed traffic, between windows: a raw gloo
@@ -96,8 +96,7 @@ from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse
 from versioned_lora.runtime.session_binder import Binding, CloseReport
 
 FIXED_NAME = "policy-fixed"  # the one unmanaged name the baseline overwrites (Relax's fixed adapter name)
-DESIGN_KEYS = ("method", "window", "offset", "warmup", "settle", "pairs", "concurrency", "rate", "seed",
-               "monitor_tokens")
+DESIGN_KEYS = ("method", "window", "offset", "warmup", "settle", "pairs", "concurrency", "rate", "seed")
 AUDITED = ("pause_generation", "flush_cache", "abort_all", "continue_generation", "base_weight_update")
 
 
@@ -262,7 +261,7 @@ class Bench:
         self.args = args
         self.shape = TrafficShape(concurrency=args.concurrency)
         self.recorder = RecordingBackend(stack.backend, stack.route)
-        self.monitor = ProgressMonitor(list(stack.clients.values()), tokens=args.monitor_tokens)
+        self.monitor = ProgressMonitor(list(stack.clients.values()))
         self.sampler = RegistrySampler(stack.registry, list(stack.clients.values()), stack.labels.get)
         self.counters: EngineCounters | None = EngineCounters({k: c.base_url for k, c in stack.clients.items()})
         self.windows: list[Window] = []
@@ -656,11 +655,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rate", type=float, default=1.5, help="open-loop: session arrivals per second")
     parser.add_argument("--seed", type=int, default=7, help="open-loop: the arrival schedule and publication offsets")
     parser.add_argument("--floors", type=int, default=5, help="floor measurements (one after each managed pair)")
-    # With 16-token streams (the demo's), a stream ended every ~60 ms and the next waited on this process's event
-    # loop: the engines' decode rate followed the client's round trips (206-410 tokens/s across managed windows,
-    # 2026-12-04-online-publication-open-loop-threads-one). A long stream keeps each engine decoding on its own.
-    parser.add_argument("--monitor-tokens", type=int, default=1024,
-                        help="tokens per progress-monitor stream (one kept in flight per engine)")
     parser.add_argument("--bucket-bytes", type=int, default=1 << 20,
                         help="max bucket size (default 1 MiB: the ~28 KB fixture adapter is one bucket)")
     parser.add_argument("--quick", action="store_true", help="window 8 s, offset 2 s, warm-up 4 s")
