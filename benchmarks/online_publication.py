@@ -39,8 +39,8 @@ engines started with `--enable-metrics`): decode tokens and forward passes, exac
 The engines' decode tokens include the progress monitor's stream, which runs flat out on every engine: so
 `engine_tput_ratio` reads the engines' decode rate with the publication against without it, whatever the
 offered load. (A 1024-token monitor stream instead of 16 tokens, tried at 7e6a8d8, did not narrow it:
-benchmarks/results/RESULTS.md.) Ratios are publication window over steady window per pair; medians over pairs with 95%
-bootstrap intervals (resampling pairs).
+benchmarks/results/RESULTS.md.) Ratios are publication window over steady window per pair; medians over pairs
+with 95% bootstrap intervals (resampling pairs).
 
 The publication floor is measured in the same run, under managed traffic, between windows: a raw gloo
 transfer of the same buckets + one stock native load from the same tensors + the probe (see

@@ -12,8 +12,9 @@ from SGLang 0.5.23's scheduler (`SchedulerMetricsReporter.report_decode_stats` a
 - `sglang:cuda_graph_passes_total{mode="decode_none"|"prefill_none"}`: forward passes by kind (the CPU
   engines here never run a CUDA graph, so the `*_cuda_graph` modes stay 0 and are summed in anyway).
 
-Read over HTTP (`GET /metrics`, prometheus_client's text parser), all engines concurrently; a read costs a
-few milliseconds of the server process, none of the scheduler's (the counters live in shared files).
+Read over HTTP (`GET /metrics`, prometheus_client's text parser), all engines concurrently. The server process
+answers from the files the scheduler's counters are kept in (prometheus_client's multiprocess mode, which SGLang
+sets up with `PROMETHEUS_MULTIPROC_DIR`): a read does not wait on the scheduler.
 """
 
 from __future__ import annotations
@@ -49,20 +50,18 @@ class MetricsUnavailable(RuntimeError):
 
 def parse(text: str) -> Counts:
     """The counters of one `/metrics` page (every label set summed: one engine has one scheduler here)."""
+    if "sglang:" not in text:
+        raise MetricsUnavailable("no sglang metrics in /metrics")
     tokens = 0.0
     passes = {"decode_passes": 0.0, "prefill_passes": 0.0}
-    seen = False
+    # A counter's series appears at its first step, so an engine that has not decoded yet has none: zeros.
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             mode = sample.labels.get("mode", "")
             if (sample.name, mode) == DECODE_TOKENS:
                 tokens += sample.value
-                seen = True
             elif sample.name == "sglang:cuda_graph_passes_total" and mode in PASS_MODES:
                 passes[PASS_MODES[mode]] += sample.value
-                seen = True
-    if not seen and "sglang:" not in text:
-        raise MetricsUnavailable("no sglang scheduler counters in /metrics")
     return Counts(tokens, passes["decode_passes"], passes["prefill_passes"])
 
 
