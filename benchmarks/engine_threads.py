@@ -17,12 +17,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from versioned_lora.adapters.engine_process import EngineConfig, free_port_block, start_all
 from versioned_lora.adapters.sglang_client import SGLangClient
-from versioned_lora.capabilities import KEY_FILE_ENV, write_key_file
-from versioned_lora.demo.stack import new_token
+from versioned_lora.capabilities import write_key_file
+from versioned_lora.demo.stack import new_token, start_engines
 from versioned_lora.fixtures import build_fixtures
-from versioned_lora.spec.wire import TOKEN_ENV
 
 PROMPT = list(range(10, 30))
 
@@ -46,11 +44,8 @@ def main(threads: str, tokens: int) -> None:
     out = Path(f"/tmp/engine-threads-{threads}")
     out.mkdir(parents=True, exist_ok=True)
     token = new_token()
-    env = {TOKEN_ENV: token, KEY_FILE_ENV: str(write_key_file(out / "capability.key"))}
-    configs = [EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(), log_path=out / f"E{i}.log",
-                            max_lora_rank=fixtures.lora_rank, lora_target_modules=fixtures.target_modules, env=env,
-                            cpu_threads=None if threads == "inherit" else int(threads)) for i in range(2)]
-    engines = start_all(configs)
+    engines = start_engines(fixtures, out, token, capability_key_file=write_key_file(out / "capability.key"),
+                            cpu_threads=None if threads == "inherit" else int(threads))
     try:
         alone, both = asyncio.run(measure([e.url for e in engines], token, tokens))
         print(f"cpu_threads={threads}: one stream alone tok/s {[round(x) for x in alone]}; two streams, one per "

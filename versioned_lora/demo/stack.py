@@ -39,18 +39,19 @@ BUCKET_BYTES = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets, so per-bu
 
 def start_engines(
     fixtures: Fixtures, log_dir: Path, token: str, count: int = 2, capability_key_file: Path | None = None,
-    extra_args: Sequence[str] = (),
+    extra_args: Sequence[str] = (), cpu_threads: int | None = 1,
 ) -> list[EngineProcess]:
     """Start `count` engines in parallel; any failure stops them all and raises. The engines carry out cleanups
     and reclaims only under the registry's capability: `capability_key_file` is the key they and the registry
-    actor share (a managed engine does not start without one). `extra_args` go to every engine's command line."""
+    actor share (a managed engine does not start without one). `extra_args` go to every engine's command line;
+    `cpu_threads` is `EngineConfig.cpu_threads`."""
     configs = []
     env = {TOKEN_ENV: token, **({KEY_FILE_ENV: str(capability_key_file)} if capability_key_file else {})}
     for index in range(count):
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
                                     log_path=log_dir / f"E{index}.log", max_lora_rank=fixtures.lora_rank,
                                     lora_target_modules=fixtures.target_modules, env=env,
-                                    extra_args=tuple(extra_args)))
+                                    extra_args=tuple(extra_args), cpu_threads=cpu_threads))
     return start_all(configs)
 
 
