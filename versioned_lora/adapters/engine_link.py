@@ -133,10 +133,13 @@ class EngineLink:
         Otherwise the snapshot's packed buckets are used (`packed_buckets`: packed once on this link's device,
         then shared by every engine and retry that sends the same snapshot).
         """
+        # Packing copies the whole snapshot (hundreds of MB at real sizes): on a thread, so the caller's event loop
+        # (a trainer's, or a rollout client's in the same process) keeps running meanwhile.
         if tensors is None:
-            flat = packed_buckets(candidate.snapshot, candidate.plan, self.device)[index]
+            buckets = await asyncio.to_thread(packed_buckets, candidate.snapshot, candidate.plan, self.device)
+            flat = buckets[index]
         else:
-            flat = pack_bucket(tensors, candidate.plan, index, self.device, check=False)
+            flat = await asyncio.to_thread(pack_bucket, tensors, candidate.plan, index, self.device, check=False)
         async with self._one_bucket:
             if self.poisoned is not None:
                 raise BucketTransferFailed(f"group {self.group_name} is out of step ({self.poisoned}): not used again")
