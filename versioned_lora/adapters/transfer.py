@@ -287,10 +287,11 @@ def pack_bucket(
     One concatenation per bucket (plus one copy to `device` when the tensors live elsewhere), not one copy per
     tensor. The result is fresh memory: it never aliases the inputs.
 
-    On the CPU the concatenation is numpy's, one thread, not `torch.cat`: torch runs a copy this size as an
-    OpenMP parallel region over every intra-op thread, and a region ends only when its slowest thread does.
-    Beside two busy engines on this 2-core host, one 16 MiB bucket took 0.3-0.66 s that way, and 2-22 ms
-    with one thread (a publisher's process with torch's default threads beside engines under traffic)."""
+    On the CPU the concatenation is numpy's, on the calling thread, not `torch.cat`: torch runs a copy this size
+    as an OpenMP parallel region over every intra-op thread, and a region ends only when its slowest thread
+    does, which beside busy engines is late. benchmarks/pack_under_load.py (inside publications of an 80 MB
+    adapter beside two engines under traffic): median 0.270 s with torch.cat, 0.132 s with numpy, both with
+    wide intervals (2026-12-04-pack-under-load.txt)."""
     import torch
 
     check_bucket_tensors(tensors, plan, index, check_dtype_and_shape=check)
