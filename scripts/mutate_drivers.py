@@ -310,7 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"baseline {time.monotonic() - started:6.1f}s  {len(ALL_CHECKS)} checks of the unmutated table",
               flush=True)
         _WORK = (mutants, baselines)
-        # (a fork after the assignment: the pool's workers were forked before it, so a second pool runs the mutants)
+    # This pool's workers were forked before _WORK was set: the mutants run on a second pool, forked after it.
     with multiprocessing.get_context("fork").Pool(max(1, args.jobs)) as workers:
         for m, (verdict, detail, seconds) in zip(mutants, workers.imap(_verdict, range(len(mutants))), strict=True):
             killed += verdict == "killed"
