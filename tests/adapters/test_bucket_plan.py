@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import gc
 import json
 import math
 import subprocess
 import sys
+import threading
+import time
 import types
 
 import pytest
@@ -254,6 +257,35 @@ def test_packed_buckets_are_cached_per_snapshot_plan_and_device() -> None:
     assert all(a is not b for a, b in zip(first, packed_buckets(twin, plan), strict=True))
     with pytest.raises(PlanMismatch):
         packed_buckets(snapshot, BucketPlan.build(frozen({"x": torch.ones(3)}).manifest, 4096))
+
+
+def test_links_asking_at_once_get_one_packing(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engines' links ask for a snapshot's buckets at once, each from a thread (EngineLink.transfer_bucket):
+    the first packs, the others wait for it and take the same tensors. (Each bucket's packing is slowed here, so
+    without the lock every thread would find the cache empty and pack all of them.)"""
+    clear_packed_cache()
+    snapshot = frozen(odd_tensors())
+    plan = BucketPlan.build(snapshot.manifest, 130)
+    packs: list[int] = []
+    today = transfer.pack_bucket
+
+    def slow_pack(*args: object, **kwargs: object) -> torch.Tensor:
+        packs.append(int(args[2]))  # type: ignore[call-overload]
+        time.sleep(0.02)
+        return today(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(transfer, "pack_bucket", slow_pack)
+    start = threading.Barrier(4)
+
+    def ask() -> tuple[torch.Tensor, ...]:
+        start.wait()
+        return packed_buckets(snapshot, plan)
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: ask(), range(4)))
+    assert sorted(packs) == list(range(len(plan.buckets)))  # each bucket packed once
+    assert all(a is answers[0] for a in answers)
+    assert all(torch.equal(a, b) for a, b in zip(answers[0], pack_all(snapshot.tensors, plan), strict=True))
 
 
 def test_the_packed_cache_is_bounded_and_forgets_dead_snapshots() -> None:
