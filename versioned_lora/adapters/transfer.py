@@ -290,8 +290,8 @@ def pack_bucket(
     On the CPU the concatenation is numpy's, on the calling thread, not `torch.cat`: torch runs a copy this size
     as an OpenMP parallel region over every intra-op thread, and a region ends only when its slowest thread
     does, which beside busy engines is late. benchmarks/pack_under_load.py (inside publications of an 80 MB
-    adapter beside two engines under traffic), medians of two runs: 0.270 and 0.176 s with torch.cat, 0.132 and
-    0.013 s with numpy (benchmarks/results/2026-12-04-pack-under-load*.txt)."""
+    adapter beside two engines under traffic), medians of three runs: 0.270, 0.176 and 0.183 s with torch.cat,
+    0.132, 0.013 and 0.139 s with numpy (benchmarks/results/2026-12-04-pack-under-load*.txt)."""
     import torch
 
     check_bucket_tensors(tensors, plan, index, check_dtype_and_shape=check)
