@@ -251,8 +251,6 @@ def order_for(mutant: Mutant, baselines: dict[Check, Baseline]) -> tuple[Check, 
     so there the mutant steps exactly as the table does. Those checks still run (last, in the usual order), so
     a survivor is tried everywhere."""
     changed = {(r.machine, r.input) for r, o in zip(mutant.rows, DRIVER_ROWS, strict=True) if r != o}
-    if mutant.builders:  # a builder of its own: every row that names it
-        changed |= {(r.machine, r.input) for r in mutant.rows if set(r.commands) & mutant.builders.keys()}
     pair_of = {r.id: (r.machine, r.input) for r in DRIVER_ROWS}
 
     def reaches(c: Check) -> bool:
