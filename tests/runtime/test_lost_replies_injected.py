@@ -21,6 +21,7 @@ import pytest
 from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
+from versioned_lora.runtime.dispatch_gate import DispatchGate, VersionUnavailable
 from versioned_lora.runtime.interfaces import EngineRefused, ReadyReceipt, RegistryUnavailable
 from versioned_lora.runtime.publisher import Publisher, PublisherRefusal, PublishStatus
 from versioned_lora.runtime.reclaimer import Reclaimer, ReclaimStatus
@@ -234,6 +235,31 @@ def test_injected_lost_claim_reply_reclaims_nothing_until_the_same_claim_is_answ
         assert done.status is ReclaimStatus.RECLAIMED and set(done.confirmed) == set(ENGINES)
         name = (await registry.publication_view()).versions[a_version].lora_name
         assert all(engine.destructive() == [("reclaim", name)] for engine in engines.values())
+
+    asyncio.run(body())
+
+
+def test_injected_engines_an_answered_claim_tells_the_process_gate_at_once_a_lost_one_does_not(
+        tmp_path: Path) -> None:
+    """A gate whose cached view is an hour fresh still refuses a version the moment this process's Reclaimer
+    has its claim answered; a claim whose reply was lost tells it nothing (the engines refuse in the meantime)."""
+    async def body() -> None:
+        registry, engines = deployment(tmp_path)
+        a_version = await _published_and_retired(registry, engines)
+        gate, told = DispatchGate(registry, max_staleness_s=3600.0), DispatchGate(registry, max_staleness_s=3600.0)
+        assert await gate.check(a_version) == await told.check(a_version) == frozenset(ENGINES)  # RETIRED, cached
+
+        lossy = LosesReplies(registry, "claim:", lose_for_s=1.0)
+        assert (await Reclaimer(lossy, engines, Deadlines(commit=0.3), gate=told).reclaim(a_version)).status \
+            is ReclaimStatus.UNKNOWN
+        assert await told.check(a_version) == frozenset(ENGINES)  # unknown: not told, the cached view stands
+
+        await asyncio.sleep(1.0)
+        done = await Reclaimer(registry, engines, Deadlines(), gate=told).reclaim(a_version)
+        assert done.status is ReclaimStatus.RECLAIMED
+        with pytest.raises(VersionUnavailable):
+            await told.check(a_version)
+        assert await gate.check(a_version) == frozenset(ENGINES)  # a gate no reclaimer told: stale for its window
 
     asyncio.run(body())
 

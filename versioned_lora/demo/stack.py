@@ -26,6 +26,7 @@ from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint, parse_key
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
+from versioned_lora.runtime.dispatch_gate import DispatchGate
 from versioned_lora.runtime.interfaces import BackendRequest
 from versioned_lora.runtime.publisher import Publisher
 from versioned_lora.runtime.reclaimer import Reclaimer
@@ -114,7 +115,10 @@ class Stack:
         self.snapshots = SnapshotStore(workdir / "snapshots", bucket_bytes)
         self.publisher = Publisher(self.registry, self.ports, self.probe_check, self.deadlines, on_phase=on_phase,
                                    snapshots=self.snapshots)
-        self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines)
+        # One dispatch gate for every session binder of this process; the in-process reclaimer tells it what
+        # it claimed, so a reclaimed version is refused at once, not within the gate's staleness window.
+        self.gate = DispatchGate(self.registry)
+        self.reclaimer = Reclaimer(self.registry, self.ports, self.deadlines, gate=self.gate)
         self.route = route or sticky_by_session(len(self.clients))
         self.backend = SGLangBackend(list(self.clients.values()), route=self.route, names=list(self.clients))
         self.capability_key_file = capability_key_file
@@ -123,7 +127,8 @@ class Stack:
         self.bucket_bytes = bucket_bytes
 
     def new_binder(self, backend: Any, shard: int) -> SessionBinder:
-        return SessionBinder(self.registry, backend, epoch=self.epoch, shard=shard, deadlines=self.deadlines)
+        return SessionBinder(self.registry, backend, epoch=self.epoch, shard=shard, deadlines=self.deadlines,
+                             gate=self.gate)
 
     def candidate(
         self, label: str, adapter: str | None = None, *, snapshot: Snapshot | None = None

@@ -8,7 +8,8 @@ Which view: a local cache of dispatch views, refreshed from the registry when ol
 `max_staleness_s`, with one shared in-flight refresh (single-flight) so a burst of dispatches costs one
 registry read. States only move forward, and RECLAIMING/RECLAIMED are sticky in the cache: a refresh
 answered before a reclaim was claimed can never revive a version the gate has already seen go.
-`note()` lets an in-process Reclaimer mark a version the moment it claims it. Within the staleness
+`claimed()` lets an in-process Reclaimer mark a version whose claim the registry answered (RECLAIMING; a
+later refresh may move it on to RECLAIMED, never back). Within the staleness
 window an engine may already have restarted; it then refuses the request (VERSION_UNAVAILABLE), and
 the session binder sends the same binding to another engine of the view.
 
@@ -65,12 +66,11 @@ class DispatchGate:
             raise VersionUnavailable(version, None if view is None else view.state)
         return view.engines
 
-    def note(self, version: VersionKey, state: VersionState) -> None:
-        """An in-process caller saw `version` move to `state` (e.g. a Reclaimer that just claimed it)."""
+    def claimed(self, version: VersionKey) -> None:
+        """An in-process Reclaimer's claim of `version` was answered: refuse it from now on."""
         current = self._views.get(version)
         if current is None or current.state not in _GONE:
-            self._views[version] = DispatchView(state, frozenset() if state in _GONE else
-                                                (current.engines if current else frozenset()))
+            self._views[version] = DispatchView(VersionState.RECLAIMING, frozenset())
 
     async def _refreshed(self, version: VersionKey) -> None:
         self._wanted.add(version)
@@ -91,7 +91,7 @@ class DispatchGate:
         for version in wanted:
             view = fresh.get(version)
             current = self._views.get(version)
-            if current is not None and current.state in _GONE:
+            if current is not None and current.state in _GONE and (view is None or view.state not in _GONE):
                 continue  # sticky: a refresh answered before the reclaim never revives it
             if view is None:
                 self._views.pop(version, None)  # unknown to the registry: asked again next time

@@ -3,8 +3,10 @@
 The registry decides which version may be reclaimed and which engines must unload it; the reclaim
 driver (`spec/drivers.py`, machines `reclaim` and `reclaim_engine`) decides what to do with every answer,
 lost reply and deadline; this module only runs that driver (`runtime.driver_loop`) and turns its report
-into a `ReclaimOutcome`. A claim whose reply is lost past its deadline may have landed: nothing is sent
-to any engine on the strength of it, and calling `reclaim` again retries the same claim key.
+into a `ReclaimOutcome`. Given the process's `DispatchGate`, it tells the gate when a claim landed, so the
+sessions of this process stop dispatching the version at once, not within the gate's staleness window. A
+claim whose reply is lost past its deadline may have landed: nothing is sent to any engine on the strength
+of it, and calling `reclaim` again retries the same claim key.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import attrs
 
 from versioned_lora.lifecycle import VersionKey, drivers
 from versioned_lora.runtime.deadlines import Deadlines
+from versioned_lora.runtime.dispatch_gate import DispatchGate
 from versioned_lora.runtime.driver_loop import DriverLoop
 from versioned_lora.runtime.interfaces import RegistryPort, StagingEnginePort
 
@@ -44,10 +47,11 @@ class ReclaimOutcome:
 
 class Reclaimer:
     def __init__(self, registry: RegistryPort, engines: Mapping[str, StagingEnginePort[Any]],
-                 deadlines: Deadlines | None = None) -> None:
+                 deadlines: Deadlines | None = None, gate: DispatchGate | None = None) -> None:
         self.registry = registry
         self.engines = dict(engines)
         self.deadlines = deadlines or Deadlines()
+        self.gate = gate
         self.last_loop: DriverLoop | None = None  # the last run's driver (its fired rows, for tests and logs)
 
     async def reclaim(self, version: VersionKey) -> ReclaimOutcome:
@@ -63,5 +67,7 @@ class Reclaimer:
         assert isinstance(state, drivers.ReclaimState)
         status = ReclaimStatus(report.outcome)
         reason = report.reason if status is not ReclaimStatus.UNKNOWN else CLAIM_OUTCOME_UNKNOWN
+        if self.gate is not None and status in (ReclaimStatus.RECLAIMED, ReclaimStatus.PENDING):  # the claim landed
+            self.gate.claimed(version)
         return ReclaimOutcome(status, version, state.reclaim_id, drivers.confirmed_engines(state),
                               time.monotonic() - started, reason)
