@@ -26,7 +26,7 @@ window).
 
     python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
 
-Last line: `crowd_rows_fired=a/b states=… violations=…`.
+Last line: `crowd_rows_fired=a/b core_rows_fired=c/d rows_fired=(a+c)/(b+d) states=… violations=…`.
 """
 
 from __future__ import annotations
@@ -50,6 +50,7 @@ from model_checks.drivers import (
     World,
     _Setup,
     _world,
+    rows_line,
     search,
     stuck,
 )
@@ -62,7 +63,6 @@ from versioned_lora.lifecycle.drivers import (
     settle,
     supervise,
 )
-from versioned_lora.spec.drivers import DRIVER_ROWS
 from versioned_lora.spec.events import AcquireRequest, BindFirst, EngineStarted, OpenSession
 from versioned_lora.spec.identities import lora_name
 
@@ -182,14 +182,14 @@ def check(name: str, budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS
 
 
 def check_all(budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS,
-              on_result: Callable[[CheckResult], None] | None = None) -> tuple[list[CheckResult], dict[str, int]]:
+              on_result: Callable[[CheckResult], None] | None = None) -> tuple[list[CheckResult], DriverSystem]:
     system = DriverSystem(drivers)
     results = []
     for name in SCENARIOS:
         results.append(check(name, budget, drivers, system))
         if on_result:
             on_result(results[-1])
-    return results, system.fired
+    return results, system
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,9 +198,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{field}", type=int, default=default)
     args = parser.parse_args(argv)
     budget = Budget(args.drops, args.dups, args.deadlines, args.cancels, args.crashes)
-    results, fired = check_all(budget, on_result=lambda r: print(
+    results, system = check_all(budget, on_result=lambda r: print(
         f"{r.scenario:22s} states={r.states:7d} {r.seconds:6.1f}s {r.violation or 'ok'}", flush=True))
-    print(f"crowd_rows_fired={len(fired)}/{len(DRIVER_ROWS)} states={sum(r.states for r in results)} "
+    print(f"{rows_line('crowd', system)} states={sum(r.states for r in results)} "
           f"violations={sum(1 for r in results if r.violation)}")
     return 1 if any(r.violation for r in results) else 0
 

@@ -210,10 +210,11 @@ from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name
 from versioned_lora.spec.invariants import engine_violated, violated
 from versioned_lora.spec.model import session_state
 from versioned_lora.spec.states import AdapterState, PlacementState, VersionState
+from versioned_lora.spec.table import ROWS
 
 ENGINES = ("E0", "E1")
-A, B = VersionKey(0, "A"), VersionKey(0, "B")
-DIGESTS = {A: "a" * 64, B: "b" * 64}
+A, B, C = VersionKey(0, "A"), VersionKey(0, "B"), VersionKey(0, "C")
+DIGESTS = {A: "a" * 64, B: "b" * 64, C: "c" * 64}
 # The phases that wait for a call without a deadline, on purpose: the commit whose outcome was reported
 # unknown is retried under the same key until it is answered (RFC §3.4).
 UNBOUNDED_BY_DESIGN = frozenset({"COMMIT_UNRESOLVED", "CHECKING"})  # CHECKING: the probe check is local work
@@ -351,6 +352,13 @@ def scenario(name: str, budget: Budget) -> World:
         return _world(s, publication(A, DIGESTS[A], lora_name(A, DIGESTS[A]), BUCKETS, "reserve:A-again"), budget)
     if name == "reserve_conflict":  # A again with other content: refused (VERSION_CONFLICT), nothing taken
         return _world(s, publication(A, DIGESTS[B], lora_name(A, DIGESTS[B]), BUCKETS, "reserve:A-other"), budget)
+    if name == "reserve_at_capacity":  # B the default and A retired, both loaded on engines of capacity 2: C is
+        s.stage(B)  # refused at reserve (RFC §7.1: no begin reaches an engine)
+        s.commit(B)
+        return _world(s, publication(C, DIGESTS[C], lora_name(C, DIGESTS[C]), BUCKETS, "reserve:C"), budget)
+    if name == "reserve_while_pending":  # B's attempt still pending (a crashed publisher's): C is refused at reserve
+        s.reg_step(Reserve(B, DIGESTS[B]))
+        return _world(s, publication(C, DIGESTS[C], lora_name(C, DIGESTS[C]), BUCKETS, "reserve:C"), budget)
     if name == "commit":  # B READY everywhere: commit it (the lost-commit-reply story of RFC §3.4)
         s.stage(B)
         return _world(s, settle(B, s.tokens[B][1], s.reg.default_revision, commit=True), budget)
@@ -376,6 +384,8 @@ def scenario(name: str, budget: Budget) -> World:
             s.eng_step(i, CleanupAttempt(s.tokens[B][0], token))
             s.reg_step(RecordCleaned(B, token, e))
         return _world(s, settle(B, token, -1, commit=False), budget)
+    if name == "reclaim_default":  # A is the default: the claim is refused, nothing reaches an engine
+        return _world(s, reclaim(A), budget)
     if name in ("reclaim", "reclaim_in_use"):
         session = SessionKey(0, 0, 0)
         if name == "reclaim_in_use":  # a session still bound to A: the claim is refused
@@ -510,9 +520,10 @@ CALLER_INPUTS = {"bind": lambda rid: (Bind(), "bind"), "gen": lambda rid: (Gener
                  "resolve": lambda rid: (Resolve(rid), rid), "finish": lambda rid: (Finish(), "finish")}
 
 
-SCENARIOS = ("stage", "stage_probe_mismatch", "reserve_name_mismatch", "reserve_replay", "reserve_conflict", "commit",
-             "commit_not_ready", "abort", "abort_after_commit", "abort_again", "reclaim", "reclaim_in_use",
-             "reclaim_done", *SESSION_SCENARIOS, *SUPERVISE_SCENARIOS, *RECOVER_SCENARIOS)
+SCENARIOS = ("stage", "stage_probe_mismatch", "reserve_name_mismatch", "reserve_replay", "reserve_conflict",
+             "reserve_at_capacity", "reserve_while_pending", "commit", "commit_not_ready", "abort",
+             "abort_after_commit", "abort_again", "reclaim_default", "reclaim", "reclaim_in_use", "reclaim_done",
+             *SESSION_SCENARIOS, *SUPERVISE_SCENARIOS, *RECOVER_SCENARIOS)
 
 # ---------------------------------------------------------------- successors
 
@@ -525,7 +536,19 @@ class DriverSystem:
     def __init__(self, drivers: Drivers = DRIVERS) -> None:
         self.drivers = drivers
         self.fired: dict[str, int] = {}
+        self.core_fired: dict[str, int] = {}  # the registry's and the engines' rows the worlds stepped through
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
+
+    # ---- the registry's and an engine's table, counting the row each step fires
+    def _step(self, registry: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
+        fired = CORE.step_traced(registry, event)
+        self.core_fired[fired.row.id] = self.core_fired.get(fired.row.id, 0) + 1
+        return fired.state, fired.result, fired.effects
+
+    def _engine_step(self, engine: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
+        fired = CORE.engine_step_traced(engine, event)
+        self.core_fired[fired.row.id] = self.core_fired.get(fired.row.id, 0) + 1
+        return fired.state, fired.result, fired.effects
 
     # ---- the driver reacts to one input: its commands join the network, timers, reports
     def _feed(self, w: World, inp: Any) -> tuple[World, tuple[str, ...]]:
@@ -595,7 +618,7 @@ class DriverSystem:
             hit = w.journal.get(command.key)
             if hit is not None:
                 return w, Answer(command.call, hit)
-            registry, result, effects = CORE.step(w.registry, command.event)
+            registry, result, effects = self._step(w.registry, command.event)
             reply = Reply(result, effects)
             return attrs.evolve(w, registry=registry, journal=w.journal.set(command.key, reply)), Answer(
                 command.call, reply)
@@ -613,7 +636,7 @@ class DriverSystem:
                                                                 k not in w.unstored)
                                                  for k, v in sorted(w.registry.versions.items())))
         if isinstance(command, TakeLease):
-            registry, result, _ = CORE.step(w.registry, AcquireLease(HOLDER, 10.0))
+            registry, result, _ = self._step(w.registry, AcquireLease(HOLDER, 10.0))
             outcome = Refusal(command.call, str(result.reason)) if isinstance(result, Rejected) else Answer(
                 command.call, result)
             return attrs.evolve(w, registry=registry), outcome
@@ -626,10 +649,10 @@ class DriverSystem:
         if isinstance(command, SendGeneration):  # the first engine the request may go to runs it to its end
             engine_name = sorted(command.engines)[0]
             i = ENGINES.index(engine_name)
-            engine, result, _ = CORE.engine_step(w.engines[i], AcquireRequest(command.lora_name))
+            engine, result, _ = self._engine_step(w.engines[i], AcquireRequest(command.lora_name))
             if isinstance(result, Rejected):
                 return w, Refusal(command.call, str(result.reason), origin=engine_name)
-            engine, _, _ = CORE.engine_step(engine, ReleaseRequest(command.lora_name))
+            engine, _, _ = self._engine_step(engine, ReleaseRequest(command.lora_name))
             return attrs.evolve(w, engines=(*w.engines[:i], engine, *w.engines[i + 1:])), Answer(command.call, "ok")
         i = ENGINES.index(command.engine)
         engine = w.engines[i]
@@ -639,32 +662,31 @@ class DriverSystem:
             event: Any = {"begin": lambda: BeginStaging(name, token, inc, order.digest, w.driver.bucket_count),
                           "bucket": lambda: ReceiveBucket(name, token, inc, command.index),
                           "end": lambda: EndStaging(name, token, inc, True)}[command.call.op]()
-            engine, result, _ = CORE.engine_step(engine, event)
+            engine, result, _ = self._engine_step(engine, event)
             if isinstance(result, Rejected):
                 outcome: Any = Refusal(command.call, str(result.reason))
             else:
                 outcome = Answer(command.call, Receipt(engine.incarnation, order.digest)
                                  if command.call.op == "end" else None)
         elif isinstance(command, CleanupEngine):
-            engine, result, _ = CORE.engine_step(engine, CleanupAttempt(command.lora_name, command.attempt_token))
+            engine, result, _ = self._engine_step(engine, CleanupAttempt(command.lora_name, command.attempt_token))
             rejected = isinstance(result, Rejected)
             outcome = Refusal(command.call, str(result.reason)) if rejected else Answer(command.call)
         else:
             assert isinstance(command, ReclaimEngine)
-            engine, result, _ = CORE.engine_step(engine, ReclaimAdapter(command.lora_name, command.reclaim_id))
+            engine, result, _ = self._engine_step(engine, ReclaimAdapter(command.lora_name, command.reclaim_id))
             if isinstance(result, Rejected):
                 outcome = Refusal(command.call, str(result.reason))
             else:
                 adapter = engine.adapters.get(command.lora_name)
                 if adapter is not None and adapter.state is AdapterState.UNREGISTERED:
-                    engine, _, _ = CORE.engine_step(engine, FinishUnload(command.lora_name, command.reclaim_id))
+                    engine, _, _ = self._engine_step(engine, FinishUnload(command.lora_name, command.reclaim_id))
                 adapter = engine.adapters.get(command.lora_name)
                 outcome = Answer(command.call, adapter is not None and adapter.state is AdapterState.UNLOADED)
         engines = (*w.engines[:i], engine, *w.engines[i + 1:])
         return attrs.evolve(w, engines=engines), outcome
 
-    @staticmethod
-    def _rehydrate(w: World, command: Rehydrate) -> tuple[World, Any]:
+    def _rehydrate(self, w: World, command: Rehydrate) -> tuple[World, Any]:
         """The stage driver a rehydrate runs, as one step (its own rows are checked by the stage scenarios):
         begin, the one bucket and end on the engine, PREPARED and READY recorded; the first refusal ends it there,
         keeping what happened before it, as a failed staging does."""
@@ -680,34 +702,33 @@ class DriverSystem:
         outcome: Any = Answer(command.call, True)
         for party, event in steps:
             if party == "engine":
-                after, result, _ = CORE.engine_step(engine, event)
+                after, result, _ = self._engine_step(engine, event)
             else:
-                after, result, _ = CORE.step(registry, event)
+                after, result, _ = self._step(registry, event)
             if isinstance(result, Rejected):
                 outcome = Refusal(command.call, str(result.reason))
                 break
             engine, registry = (after, registry) if party == "engine" else (engine, after)
         return attrs.evolve(w, engines=(*w.engines[:i], engine, *w.engines[i + 1:]), registry=registry), outcome
 
-    @staticmethod
-    def _settle(w: World, command: SettleAttempt) -> tuple[World, Any]:
+    def _settle(self, w: World, command: SettleAttempt) -> tuple[World, Any]:
         """The settle driver a recovery runs, as one step (its own rows are checked by the commit and abort
         scenarios): the commit, or after its refusal (or without one) the abort and each cleanup its answer names;
         answered with the outcome the settle driver would report."""
         a, registry, engines = command.attempt, w.registry, list(w.engines)
         if command.commit:
-            registry, result, _ = CORE.step(registry, Commit(a.version, a.attempt_token, registry.default_revision,
+            registry, result, _ = self._step(registry, Commit(a.version, a.attempt_token, registry.default_revision,
                                                              command.fence))
             if not isinstance(result, Rejected):
                 return attrs.evolve(w, registry=registry), Answer(command.call, DriverOutcome.COMMITTED)
-        registry, result, effects = CORE.step(registry, Abort(a.version, a.attempt_token))
+        registry, result, effects = self._step(registry, Abort(a.version, a.attempt_token))
         if not isinstance(result, Rejected):
             for cleanup in (e for e in effects if isinstance(e, CleanupOnEngine)):
                 i = ENGINES.index(cleanup.engine)
-                engines[i], cleaned, _ = CORE.engine_step(engines[i], CleanupAttempt(cleanup.lora_name,
+                engines[i], cleaned, _ = self._engine_step(engines[i], CleanupAttempt(cleanup.lora_name,
                                                                                      cleanup.attempt_token))
                 if not isinstance(cleaned, Rejected):
-                    registry, _, _ = CORE.step(registry, RecordCleaned(a.version, a.attempt_token, cleanup.engine))
+                    registry, _, _ = self._step(registry, RecordCleaned(a.version, a.attempt_token, cleanup.engine))
         clean = registry.versions[a.version].state is VersionState.FAILED_CLEAN
         return attrs.evolve(w, registry=registry, engines=tuple(engines)), Answer(
             command.call, DriverOutcome.FAILED_CLEAN if clean else DriverOutcome.UNKNOWN)
@@ -774,13 +795,13 @@ class DriverSystem:
         if b.crashes:  # an engine restarts, and its supervisor reports the new incarnation to the registry
             for i, e in enumerate(ENGINES):
                 inc = w.engines[i].incarnation + 1
-                engine, _, _ = CORE.engine_step(w.engines[i], EngineStarted(inc))
-                registry, _, _ = CORE.step(w.registry, EngineRestarted(e, inc))
+                engine, _, _ = self._engine_step(w.engines[i], EngineStarted(inc))
+                registry, _, _ = self._step(w.registry, EngineRestarted(e, inc))
                 yield f"restart {e}", attrs.evolve(
                     w, engines=(*w.engines[:i], engine, *w.engines[i + 1:]), registry=registry,
                     requests=tuple(r for r in w.requests if r[0] != i), budget=attrs.evolve(b, crashes=b.crashes - 1))
         for index, (i, lora) in enumerate(w.requests):
-            engine, _, _ = CORE.engine_step(w.engines[i], ReleaseRequest(lora))
+            engine, _, _ = self._engine_step(w.engines[i], ReleaseRequest(lora))
             yield f"release E{i} {lora}", attrs.evolve(
                 w, engines=(*w.engines[:i], engine, *w.engines[i + 1:]),
                 requests=w.requests[:index] + w.requests[index + 1:])
@@ -1219,15 +1240,48 @@ DEFENSIVE_ROWS = {
 }
 
 
+# The registry's and the engines' rows the driver checker never steps through on DRIVER_BOUNDS (74 of 139): what it
+# must still reach before it can replace model_checks/system.py's hand-written environment as the one checker
+# (issue 17); system.py's CHECKER_BOUNDS fire all 139 (tests/model_checks/test_checker.py). Most answer another
+# process's stale, forged or late call, or a replay (here the journal answers a retried key before the registry
+# sees it, as the registry actor's journal does), or belong to the publisher lease. tests/model_checks/test_drivers.py
+# holds this set exact, so a scenario that reaches one of them must take it out.
+CORE_ROWS_NOT_REACHED = frozenset({
+    "reserve.other_epoch", "reserve.no_lease", "reserve.retry_after_failed_clean", "commit.unknown",
+    "commit.stale_after_commit", "commit.stale_attempt", "commit.no_lease", "commit.revision_moved",
+    "commit.bootstrap", "abort.unknown", "abort.stale_attempt", "claim.unknown", "claim.replay", "prepared.unknown",
+    "prepared.stale_attempt", "prepared.digest_mismatch", "prepared.reclaiming", "prepared.late", "ready.unknown",
+    "ready.stale_attempt", "ready.digest_mismatch", "ready.reclaiming", "ready.late", "unknown.unknown_version",
+    "unknown.stale_attempt", "unknown.pending", "cleaned.unknown_version", "cleaned.stale_attempt", "cleaned.replay",
+    "cleaned.live_attempt", "open.other_epoch", "open.unseen", "open.replay", "open.late", "bind.replay",
+    "begin_close.replay", "close.bound", "close.replay", "confirm.unknown", "confirm.not_claimed", "confirm.forged",
+    "confirm.replay", "lease.renew", "lease.renew_lost", "lease.release", "lease.release_replay", "lease.expire",
+    "lease.expire_late", "lease.take_over", "lease.take_over_free", "lease.take_over_moved", "begin.after_cleanup",
+    "begin.new_after_cleanup", "begin.other_attempt", "begin.reclaimed", "bucket.other_attempt",
+    "bucket.out_of_order", "bucket.late", "end.other_attempt", "end.incomplete", "end.bad_manifest", "end.late",
+    "cleanup.unstarted", "cleanup.other_attempt", "cleanup.reclaimed", "release.one", "release.duplicate",
+    "reclaim.forged", "reclaim.staging", "unload.forged", "unload.in_use", "unload.replay", "unload.not_reclaiming",
+    "started.stale",
+})
+
+
 def check_all(budget: Budget = Budget(), drivers: Drivers = DRIVERS,
-              on_result: Callable[[CheckResult], None] | None = None) -> tuple[list[CheckResult], dict[str, int]]:
+              on_result: Callable[[CheckResult], None] | None = None) -> tuple[list[CheckResult], DriverSystem]:
     system = DriverSystem(drivers)
     results = []
     for name in SCENARIOS:
         results.append(check(name, budget, drivers, system))
         if on_result:
             on_result(results[-1])
-    return results, system.fired
+    return results, system
+
+
+def rows_line(prefix: str, system: DriverSystem) -> str:
+    """The report's rows: the driver table's and the core's (registry and engine side) this checker fired, and all
+    of them together."""
+    driver, core = len(system.fired), len(system.core_fired)
+    return (f"{prefix}_rows_fired={driver}/{len(DRIVER_ROWS)} core_rows_fired={core}/{len(ROWS)} "
+            f"rows_fired={driver + core}/{len(DRIVER_ROWS) + len(ROWS)}")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -1236,9 +1290,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.add_argument(f"--{field}", type=int, default=default)
     args = parser.parse_args(argv)
     budget = Budget(args.drops, args.dups, args.deadlines, args.cancels, args.crashes)
-    results, fired = check_all(budget, on_result=lambda r: print(
+    results, system = check_all(budget, on_result=lambda r: print(
         f"{r.scenario:18s} states={r.states:7d} {r.seconds:6.1f}s {r.violation or 'ok'}"))
-    print(f"driver_rows_fired={len(fired)}/{len(DRIVER_ROWS)} states={sum(r.states for r in results)} "
+    print(f"{rows_line('driver', system)} states={sum(r.states for r in results)} "
           f"violations={sum(1 for r in results if r.violation)}")
     return 1 if any(r.violation for r in results) else 0
 

@@ -1,7 +1,7 @@
 """Seeded mutations of the spec table, fed alike to the core (`Core(rows)`), the model checker and the
 Hypothesis state machine; reports which of the two kills each mutant.
 
-    python scripts/mutate_spec.py --seed 1 --count 40 [--bound ci]
+    python scripts/mutate_spec.py --seed 1 --count 40 [--jobs J]
 
 Operators: drop_guard (remove one named guard of a row), swap_target (move a state-changing row to
 another stored state of its machine), delete_row, drop_effect, drop_update. A mutant is killed only by
@@ -21,6 +21,8 @@ from __future__ import annotations
 import argparse
 import enum
 import json
+import multiprocessing
+import os
 import random
 import time
 import traceback
@@ -144,22 +146,43 @@ class Outcome:
     seconds: float
 
 
-def run(seed: int, count: int, examples: int, emit: Callable[[str], None] = print) -> list[Outcome]:
-    """`count` distinct mutants drawn from Random(seed), each judged by the checker and Hypothesis."""
+def draw(seed: int, count: int) -> list[tuple[str, tuple]]:
+    """`count` distinct mutants drawn from Random(seed), in draw order."""
     rng = random.Random(seed)
     seen: set[str] = set()
-    outcomes: list[Outcome] = []
-    while len(outcomes) < count:
+    mutants: list[tuple[str, tuple]] = []
+    while len(mutants) < count:
         name, rows = mutate(rng)
-        if name in seen:
-            continue
-        seen.add(name)
-        started = time.perf_counter()
-        core = Core(rows)
-        (c, c_why), (h, h_why) = checker_verdict(core), hypothesis_verdict(core, examples)
-        outcome = Outcome(name, c, h, c_why or h_why, time.perf_counter() - started)
-        outcomes.append(outcome)
-        emit(f"{name:<70} checker={c.value} hypothesis={h.value} ({outcome.seconds:.1f}s) {outcome.why}")
+        if name not in seen:
+            seen.add(name)
+            mutants.append((name, rows))
+    return mutants
+
+
+# The parent draws the mutants; forked workers inherit them and are handed only an index.
+_WORK: tuple[list[tuple[str, tuple]], int] = ([], 0)
+
+
+def judge(index: int) -> Outcome:
+    mutants, examples = _WORK
+    name, rows = mutants[index]
+    started = time.perf_counter()
+    core = Core(rows)
+    (c, c_why), (h, h_why) = checker_verdict(core), hypothesis_verdict(core, examples)
+    return Outcome(name, c, h, c_why or h_why, time.perf_counter() - started)
+
+
+def run(seed: int, count: int, examples: int, jobs: int = 1, emit: Callable[[str], None] = print) -> list[Outcome]:
+    """`count` distinct mutants drawn from Random(seed), each judged by the checker and Hypothesis, on `jobs`
+    worker processes (a mutant's verdict does not depend on which process judges it or when)."""
+    global _WORK
+    _WORK = (draw(seed, count), examples)
+    outcomes: list[Outcome] = []
+    with multiprocessing.get_context("fork").Pool(max(1, jobs)) as workers:
+        for outcome in workers.imap(judge, range(count)):
+            outcomes.append(outcome)
+            emit(f"{outcome.mutant:<70} checker={outcome.checker.value} hypothesis={outcome.hypothesis.value} "
+                 f"({outcome.seconds:.1f}s) {outcome.why}")
     return outcomes
 
 
@@ -190,9 +213,10 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--count", type=int, default=30)
     p.add_argument("--examples", type=int, default=500)  # 500 x 50 steps
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one a core)")
     ns = p.parse_args()
     started = time.perf_counter()
-    outcomes = run(ns.seed, ns.count, ns.examples)
+    outcomes = run(ns.seed, ns.count, ns.examples, ns.jobs)
     figures = summary(outcomes)
     print(f"mutants={figures['mutants']} equivalent={figures['equivalent']} "
           f"checker_killed={figures['checker_killed']}/{figures['scored']} "
