@@ -3,7 +3,7 @@ with the real registry and engine-side tables and a faulty network (stateright's
 code is checked here and run on a real network by `runtime/driver_loop.py`).
 
 A world is (registry, journal, engines, driver, network, armed timers, reports, budget, and a scenario's
-scripted differences: `bad_probes`, `bad_name`):
+scripted differences: `bad_probes`, `bad_manifests`, `bad_name`):
 
 registry   the core's RegistryState (stepped by `CORE.step`, the table's rows)
 journal    idempotency key -> the answer given (a retried key is answered from it, never re-applied)
@@ -23,7 +23,8 @@ budget; when nothing is in flight it is a real timeout and free; the short retry
 free), cancel, end a generation request. What the executor adds is exactly
 `driver_loop.DriverLoop._outcome`: a registry answer is `Answer(Reply)`, an engine refusal
 `Refusal`, a lost reply `Lost`; a staging call runs the adapter's BeginStaging / ReceiveBucket / EndStaging
-under the incarnation the reserve named (`end` answers the engine's receipt); the probe check answers whether
+under the incarnation the reserve named (`end` answers the engine's receipt, and is refused on the engines of
+`World.bad_manifests`); the probe check answers whether
 the engine's probe matches (no, for the engines of `World.bad_probes`); the engine's reclaim call runs the
 adapter's ReclaimAdapter and, once drained, FinishUnload, and answers whether it is UNLOADED.
 
@@ -274,6 +275,7 @@ class World:
     requests: tuple[tuple[int, str], ...] = ()  # generation requests holding a native ref: (engine index, lora)
     flags: tuple[str, ...] = ()  # problems seen while the driver reacted (checked with the state's)
     bad_probes: frozenset[str] = frozenset()  # engines whose `end` probe differs from the reference forward
+    bad_manifests: frozenset[str] = frozenset()  # engines where a bucket landed corrupted: `end` does not verify
     bad_name: bool = False  # the publication's candidate carries another name than the registry reserves
     started: bool = False  # Start was fed (it is fed once: a driver back in IDLE gets no second one)
     # A session's caller: the requests it will still make, in order (each may come while earlier ones are in
@@ -345,6 +347,17 @@ def scenario(name: str, budget: Budget) -> World:
         orders = tuple(e for e in effects if isinstance(e, StageOnEngine))
         w = _world(s, stage(B, reserved.attempt_token, BUCKETS, orders), budget)
         return attrs.evolve(w, bad_probes=frozenset({"E1"}))
+    if name == "stage_bad_manifest":  # publish B; a bucket lands corrupted on E1: its `end` is refused (RFC §7.1)
+        w = _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
+        return attrs.evolve(w, bad_manifests=frozenset({"E1"}))
+    if name == "reserve_retry":  # B's first attempt failed and was cleaned: publishing B again reserves afresh
+        s.stage(B)
+        token = s.tokens[B][1]
+        s.reg_step(Abort(B, token))
+        for i, e in enumerate(ENGINES):
+            s.eng_step(i, CleanupAttempt(s.tokens[B][0], token))
+            s.reg_step(RecordCleaned(B, token, e))
+        return _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B-again"), budget)
     if name == "reserve_name_mismatch":  # the candidate carries another name than the registry reserves
         w = _world(s, publication(B, DIGESTS[B], "not-" + lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
         return attrs.evolve(w, bad_name=True)
@@ -520,10 +533,10 @@ CALLER_INPUTS = {"bind": lambda rid: (Bind(), "bind"), "gen": lambda rid: (Gener
                  "resolve": lambda rid: (Resolve(rid), rid), "finish": lambda rid: (Finish(), "finish")}
 
 
-SCENARIOS = ("stage", "stage_probe_mismatch", "reserve_name_mismatch", "reserve_replay", "reserve_conflict",
-             "reserve_at_capacity", "reserve_while_pending", "commit", "commit_not_ready", "abort",
-             "abort_after_commit", "abort_again", "reclaim_default", "reclaim", "reclaim_in_use", "reclaim_done",
-             *SESSION_SCENARIOS, *SUPERVISE_SCENARIOS, *RECOVER_SCENARIOS)
+SCENARIOS = ("stage", "stage_probe_mismatch", "stage_bad_manifest", "reserve_retry", "reserve_name_mismatch",
+             "reserve_replay", "reserve_conflict", "reserve_at_capacity", "reserve_while_pending", "commit",
+             "commit_not_ready", "abort", "abort_after_commit", "abort_again", "reclaim_default", "reclaim",
+             "reclaim_in_use", "reclaim_done", *SESSION_SCENARIOS, *SUPERVISE_SCENARIOS, *RECOVER_SCENARIOS)
 
 # ---------------------------------------------------------------- successors
 
@@ -661,7 +674,8 @@ class DriverSystem:
             name, token, inc = order.lora_name, order.attempt_token, order.incarnation
             event: Any = {"begin": lambda: BeginStaging(name, token, inc, order.digest, w.driver.bucket_count),
                           "bucket": lambda: ReceiveBucket(name, token, inc, command.index),
-                          "end": lambda: EndStaging(name, token, inc, True)}[command.call.op]()
+                          "end": lambda: EndStaging(name, token, inc, command.engine not in w.bad_manifests)
+                          }[command.call.op]()
             engine, result, _ = self._engine_step(engine, event)
             if isinstance(result, Rejected):
                 outcome: Any = Refusal(command.call, str(result.reason))
@@ -894,9 +908,9 @@ class DriverSystem:
             if report.outcome not in OUTCOMES[type(d)]:
                 out.append(f"reports_fit_the_work: a {type(d).__name__} reported {report.outcome}")
             if report.outcome is DriverOutcome.STAGE_FAILED and _fault_free(w, start) and not (
-                    w.bad_probes or w.bad_name):
+                    w.bad_probes or w.bad_manifests or w.bad_name):
                 out.append("stage_fails_only_by_a_fault: STAGE_FAILED reported although nothing was lost, fired "
-                           "early, cancelled or restarted, and every probe matches")
+                           "early, cancelled or restarted, every manifest verifies and every probe matches")
             wanted = {DriverOutcome.COMMITTED: COMMITTED, DriverOutcome.FAILED_CLEAN: {VersionState.FAILED_CLEAN},
                       DriverOutcome.RECLAIMED: {VersionState.RECLAIMED},
                       # claimed, some engine not confirmed (its last confirm may have landed, unanswered)
@@ -1240,28 +1254,26 @@ DEFENSIVE_ROWS = {
 }
 
 
-# The registry's and the engines' rows the driver checker never steps through on DRIVER_BOUNDS (74 of 139): what it
+# The registry's and the engines' rows the driver checker never steps through on DRIVER_BOUNDS (68 of 139): what it
 # must still reach before it can replace model_checks/system.py's hand-written environment as the one checker
 # (issue 17); system.py's CHECKER_BOUNDS fire all 139 (tests/model_checks/test_checker.py). Most answer another
 # process's stale, forged or late call, or a replay (here the journal answers a retried key before the registry
 # sees it, as the registry actor's journal does), or belong to the publisher lease. tests/model_checks/test_drivers.py
 # holds this set exact, so a scenario that reaches one of them must take it out.
 CORE_ROWS_NOT_REACHED = frozenset({
-    "reserve.other_epoch", "reserve.no_lease", "reserve.retry_after_failed_clean", "commit.unknown",
-    "commit.stale_after_commit", "commit.stale_attempt", "commit.no_lease", "commit.revision_moved",
-    "commit.bootstrap", "abort.unknown", "abort.stale_attempt", "claim.unknown", "claim.replay", "prepared.unknown",
-    "prepared.stale_attempt", "prepared.digest_mismatch", "prepared.reclaiming", "prepared.late", "ready.unknown",
-    "ready.stale_attempt", "ready.digest_mismatch", "ready.reclaiming", "ready.late", "unknown.unknown_version",
-    "unknown.stale_attempt", "unknown.pending", "cleaned.unknown_version", "cleaned.stale_attempt", "cleaned.replay",
-    "cleaned.live_attempt", "open.other_epoch", "open.unseen", "open.replay", "open.late", "bind.replay",
-    "begin_close.replay", "close.bound", "close.replay", "confirm.unknown", "confirm.not_claimed", "confirm.forged",
-    "confirm.replay", "lease.renew", "lease.renew_lost", "lease.release", "lease.release_replay", "lease.expire",
-    "lease.expire_late", "lease.take_over", "lease.take_over_free", "lease.take_over_moved", "begin.after_cleanup",
-    "begin.new_after_cleanup", "begin.other_attempt", "begin.reclaimed", "bucket.other_attempt",
-    "bucket.out_of_order", "bucket.late", "end.other_attempt", "end.incomplete", "end.bad_manifest", "end.late",
-    "cleanup.unstarted", "cleanup.other_attempt", "cleanup.reclaimed", "release.one", "release.duplicate",
-    "reclaim.forged", "reclaim.staging", "unload.forged", "unload.in_use", "unload.replay", "unload.not_reclaiming",
-    "started.stale",
+    "reserve.other_epoch", "reserve.no_lease", "commit.unknown", "commit.stale_after_commit", "commit.stale_attempt",
+    "commit.no_lease", "commit.revision_moved", "commit.bootstrap", "abort.unknown", "abort.stale_attempt",
+    "claim.unknown", "claim.replay", "prepared.unknown", "prepared.stale_attempt", "prepared.digest_mismatch",
+    "prepared.reclaiming", "prepared.late", "ready.unknown", "ready.stale_attempt", "ready.digest_mismatch",
+    "ready.reclaiming", "ready.late", "unknown.unknown_version", "unknown.stale_attempt", "unknown.pending",
+    "cleaned.unknown_version", "cleaned.stale_attempt", "cleaned.replay", "cleaned.live_attempt", "open.other_epoch",
+    "open.unseen", "open.replay", "open.late", "bind.replay", "begin_close.replay", "close.bound", "close.replay",
+    "confirm.unknown", "confirm.not_claimed", "confirm.forged", "confirm.replay", "lease.renew", "lease.renew_lost",
+    "lease.release", "lease.release_replay", "lease.expire", "lease.expire_late", "lease.take_over",
+    "lease.take_over_free", "lease.take_over_moved", "begin.other_attempt", "begin.reclaimed", "bucket.other_attempt",
+    "bucket.out_of_order", "end.other_attempt", "end.incomplete", "cleanup.unstarted", "cleanup.other_attempt",
+    "cleanup.reclaimed", "release.one", "release.duplicate", "reclaim.forged", "reclaim.staging", "unload.forged",
+    "unload.in_use", "unload.replay", "unload.not_reclaiming", "started.stale",
 })
 
 
