@@ -24,6 +24,11 @@ an engine whose restart another lane adopted since the start: a send there goes 
 `view.servable`), and an engine serves only what its table holds (tests/model_checks/test_crowd.py reaches the
 window).
 
+What reclaim_while_rehydrating reaches that no one-driver world does: E0's supervisor rehydrating A while a
+session's close frees A and a Reclaimer claims it, so the claim lands between the rehydrate's begin and its PREPARED
+(rows prepared.reclaiming, begin.reclaimed) and the unload meets an adapter still STAGING (reclaim.staging): the
+case system.py's RECLAIM_WHILE_REHYDRATING bound was written for, here with the real drivers.
+
     python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
 
 Last line: `crowd_rows_fired=a/b core_rows_fired=c/d rows_fired=(a+c)/(b+d) states=… violations=…`.
@@ -139,11 +144,20 @@ def scenario(name: str, budget: Budget) -> Crowd:
         s.engs[0] = CORE.engine_step(s.engs[0], EngineStarted(2))[0]  # supervisor reports and rehydrates A while
         lanes = (Lane(supervise("E0")), _session_lane(("bind", "gen r0", "finish")))  # a session generates
         return _crowd(s, budget, lanes)
+    if name == "reclaim_while_rehydrating":  # A retired, still bound by a session, B the default; E0 restarted and
+        s.reg_step(OpenSession(SESSION))  # holds nothing: its supervisor rehydrates A and B while the session closes
+        s.reg_step(BindFirst(SESSION))  # and A is reclaimed (system.py's RECLAIM_WHILE_REHYDRATING, with the drivers)
+        s.stage(B)
+        s.commit(B)
+        s.engs[0] = CORE.engine_step(s.engs[0], EngineStarted(2))[0]
+        lanes = (Lane(supervise("E0")), _session_lane(("finish",), close_only=True), Lane(reclaim(A)))
+        return _crowd(s, budget, lanes)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
 DEFAULT_BUDGET = Budget()
-SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing", "rehydrate_while_generating")
+SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing", "rehydrate_while_generating",
+             "reclaim_while_rehydrating")
 # The bounds `make test` runs (tests/model_checks/test_crowd.py).
 CROWD_BOUNDS = (  # a session's cancels as well take publish_while_bound from 111k states (35 s) to 555k (177 s)
     Budget(drops=1, dups=0, deadlines=0, cancels=0),

@@ -111,10 +111,14 @@ Properties, on every reachable world:
 from __future__ import annotations
 
 import argparse
+import importlib
+import multiprocessing
+import os
 import sys
 import time
 from collections import deque
 from collections.abc import Callable, Iterator
+from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import attrs
@@ -1222,6 +1226,37 @@ def check(name: str, budget: Budget = Budget(), drivers: Drivers = DRIVERS, syst
     system = system or DriverSystem(drivers)
     start = scenario(name, budget)
     return search(name, start, system.successors, lambda w: system.problems(w, start), stuck, max_states)
+
+
+@attrs.frozen
+class Checked:
+    """One scenario checked under one budget, with the rows its worlds fired (what `check_each` hands back)."""
+
+    budget: Budget
+    result: CheckResult
+    fired: dict[str, int]  # the driver table's rows
+    core_fired: frozenset[str]  # the registry's and the engines' rows
+
+
+def _check_one(task: tuple[str, str, Budget]) -> Checked:
+    module, name, budget = task
+    system = DriverSystem()
+    checker: Callable[..., CheckResult] = check if module == "drivers" else importlib.import_module(
+        f"model_checks.{module}").check
+    result = checker(name, budget, system=system)
+    return Checked(budget, result, dict(system.fired), frozenset(system.core_fired))
+
+
+def check_each(tasks: list[tuple[str, Budget]], module: str = "drivers", jobs: int | None = None) -> list[Checked]:
+    """Every (scenario, budget) of `tasks` checked, in order, on `jobs` worker processes (default: one a core).
+    Each check is independent (a fresh DriverSystem), so the verdicts are those of a serial run; `module` is
+    `drivers` (one-driver worlds) or `crowd`. Workers start from a fork server, not from the caller's process."""
+    work = [(module, name, budget) for name, budget in tasks]
+    jobs = max(1, min(jobs or os.cpu_count() or 1, len(work)))
+    if jobs == 1:
+        return [_check_one(task) for task in work]
+    with ProcessPoolExecutor(jobs, mp_context=multiprocessing.get_context("forkserver")) as pool:
+        return list(pool.map(_check_one, work))
 
 
 # The bounds `make test` runs (tests/model_checks/test_drivers.py) and the mutants are run on: together they

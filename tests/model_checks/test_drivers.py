@@ -15,7 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from model_checks.drivers import CORE_ROWS_NOT_REACHED, DEFENSIVE_ROWS, DRIVER_BOUNDS, SCENARIOS, DriverSystem, check
+from model_checks.drivers import CORE_ROWS_NOT_REACHED, DEFENSIVE_ROWS, DRIVER_BOUNDS, SCENARIOS, check_each
 from versioned_lora.spec import ROWS
 from versioned_lora.spec.drivers import DRIVER_ROWS
 
@@ -36,15 +36,13 @@ LOST_AND_DEADLINE = (
 def test_every_bound_holds_and_fires_every_row_but_the_defensive_ones() -> None:
     fired: dict[str, int] = {}
     core: set[str] = set()  # the registry's and the engines' rows the worlds stepped through
-    for budget in DRIVER_BOUNDS:
-        system = DriverSystem()
-        for name in SCENARIOS:
-            result = check(name, budget, system=system)
-            assert result.violation is None, (name, budget, result.violation, result.trace)
-            assert result.states > 1
-        for row, count in system.fired.items():
+    for checked in check_each([(name, budget) for budget in DRIVER_BOUNDS for name in SCENARIOS]):
+        result = checked.result
+        assert result.violation is None, (result.scenario, checked.budget, result.violation, result.trace)
+        assert result.states > 1
+        for row, count in checked.fired.items():
             fired[row] = fired.get(row, 0) + count
-        core |= system.core_fired.keys()
+        core |= checked.core_fired
     assert {r.id for r in DRIVER_ROWS} - fired.keys() == set(DEFENSIVE_ROWS)
     assert {r.id for r in ROWS} - core == CORE_ROWS_NOT_REACHED  # the gap to replacing system.py, held exact
     for lost, deadline in LOST_AND_DEADLINE:
