@@ -152,12 +152,17 @@ def scenario(name: str, budget: Budget) -> Crowd:
         s.engs[0] = CORE.engine_step(s.engs[0], EngineStarted(2))[0]
         lanes = (Lane(supervise("E0")), _session_lane(("finish",), close_only=True), Lane(reclaim(A)))
         return _crowd(s, budget, lanes)
+    if name == "abort_while_committing":  # B READY everywhere: one publisher commits it while another (recovering
+        s.stage(B)  # it after a lease takeover) aborts the same attempt: a committed B is never cleaned
+        token = s.tokens[B][1]
+        lanes = (Lane(settle(B, token, s.reg.default_revision, commit=True)), Lane(settle(B, token, -1, commit=False)))
+        return _crowd(s, budget, lanes)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
 DEFAULT_BUDGET = Budget()
 SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing", "rehydrate_while_generating",
-             "reclaim_while_rehydrating")
+             "reclaim_while_rehydrating", "abort_while_committing")
 # The bounds `make test` runs (tests/model_checks/test_crowd.py).
 CROWD_BOUNDS = (  # a session's cancels as well take publish_while_bound from 111k states (35 s) to 555k (177 s)
     Budget(drops=1, dups=0, deadlines=0, cancels=0),

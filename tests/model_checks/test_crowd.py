@@ -12,6 +12,7 @@ from model_checks.drivers import CORE_ROWS_NOT_REACHED, A, B, Budget, DriverSyst
 from versioned_lora.lifecycle.drivers import ReclaimState, SendGeneration, SessionState, SettleState, is_done
 from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.spec.drivers import DriverOutcome
+from versioned_lora.spec.states import VersionState
 
 
 def test_every_scenario_holds_on_every_bound() -> None:
@@ -57,6 +58,17 @@ def test_a_claim_lands_on_either_side_of_the_close() -> None:
 
     assert _reached("reclaim_while_closing", reclaim_told(DriverOutcome.REJECTED))  # A still bound
     assert _reached("reclaim_while_closing", reclaim_told(DriverOutcome.RECLAIMED))  # after the close
+
+
+def test_a_commit_and_an_abort_of_one_attempt_land_in_either_order() -> None:
+    """Two real settle drivers of B's one attempt (a publisher committing it, a recovering one aborting it): both
+    orders are reached, and in neither is a committed B cleaned (every property holds on every crowd: the scenario
+    test above)."""
+    def ended(state: VersionState) -> Callable[[Crowd], bool]:
+        return lambda c: c.shared.registry.versions[B].state is state and all(is_done(lane.driver) for lane in c.lanes)
+
+    assert _reached("abort_while_committing", ended(VersionState.PUBLISHED))  # the commit landed first
+    assert _reached("abort_while_committing", ended(VersionState.FAILED_CLEAN))  # the abort did, and cleaned
 
 
 def test_a_lane_sees_the_shared_world_and_only_its_own_traffic() -> None:
