@@ -24,9 +24,9 @@ free), cancel, end a generation request. What the executor adds is exactly
 `driver_loop.DriverLoop._outcome`: a registry answer is `Answer(Reply)`, an engine refusal
 `Refusal`, a lost reply `Lost`; a staging call runs the adapter's BeginStaging / ReceiveBucket / EndStaging
 under the incarnation the reserve named (`end` answers the engine's receipt, and is refused on the engines of
-`World.bad_manifests`); the probe check answers whether
-the engine's probe matches (no, for the engines of `World.bad_probes`); the engine's reclaim call runs the
-adapter's ReclaimAdapter and, once drained, FinishUnload, and answers whether it is UNLOADED.
+`World.bad_manifests`); the probe check answers whether the engine's probe matches (no, for the engines of
+`World.bad_probes`); the engine's reclaim call runs the adapter's ReclaimAdapter and, once drained,
+FinishUnload, and answers whether it is UNLOADED.
 
 Properties, on every reachable world:
   committed_stays_loaded   a version the registry committed and has not claimed for reclaim stays READY
@@ -736,7 +736,7 @@ class DriverSystem:
         a, registry, engines = command.attempt, w.registry, list(w.engines)
         if command.commit:
             registry, result, _ = self._step(registry, Commit(a.version, a.attempt_token, registry.default_revision,
-                                                             command.fence))
+                                                              command.fence))
             if not isinstance(result, Rejected):
                 return attrs.evolve(w, registry=registry), Answer(command.call, DriverOutcome.COMMITTED)
         registry, result, effects = self._step(registry, Abort(a.version, a.attempt_token))
@@ -744,7 +744,7 @@ class DriverSystem:
             for cleanup in (e for e in effects if isinstance(e, CleanupOnEngine)):
                 i = ENGINES.index(cleanup.engine)
                 engines[i], cleaned, _ = self._engine_step(engines[i], CleanupAttempt(cleanup.lora_name,
-                                                                                     cleanup.attempt_token))
+                                                                                      cleanup.attempt_token))
                 if not isinstance(cleaned, Rejected):
                     registry, _, _ = self._step(registry, RecordCleaned(a.version, a.attempt_token, cleanup.engine))
         clean = registry.versions[a.version].state is VersionState.FAILED_CLEAN
@@ -1241,6 +1241,7 @@ class Checked:
 def _check_one(task: tuple[str, str, Budget]) -> Checked:
     module, name, budget = task
     system = DriverSystem()
+    # By name: model_checks.crowd imports this module, so this one cannot import it at its top.
     checker: Callable[..., CheckResult] = check if module == "drivers" else importlib.import_module(
         f"model_checks.{module}").check
     result = checker(name, budget, system=system)
