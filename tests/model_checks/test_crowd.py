@@ -1,7 +1,8 @@
 """Several driver machines in one world (model_checks/crowd.py): every scenario under every bound of CROWD_BOUNDS
 holds every property of the one-driver checker on every lane, and the interleavings that make a crowd worth
-checking are reached (a bind landing on either side of a commit, a claim on either side of a close), so a
-composition that ran its lanes one after the other would fail here."""
+checking are reached (a bind landing on either side of a commit, a claim on either side of a close, a commit
+and an abort of one attempt in either order), so a composition that ran its lanes one after the other would fail
+here; and together the lanes reach registry and engine rows no one-driver world does."""
 
 from __future__ import annotations
 
