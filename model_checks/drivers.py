@@ -332,6 +332,14 @@ class _Setup:
     def commit(self, v: VersionKey) -> None:
         self.reg_step(Commit(v, self.tokens[v][1], self.reg.default_revision))
 
+    def abort_and_clean(self, v: VersionKey) -> None:
+        """v's attempt aborted and cleaned on every engine: FAILED_CLEAN."""
+        name, token = self.tokens[v]
+        self.reg_step(Abort(v, token))
+        for i, e in enumerate(ENGINES):
+            self.eng_step(i, CleanupAttempt(name, token))
+            self.reg_step(RecordCleaned(v, token, e))
+
 
 def _world(setup: _Setup, driver: Any, budget: Budget, requests: tuple[tuple[int, str], ...] = ()) -> World:
     return World(setup.reg, Map(), tuple(setup.engs), driver, (), frozenset(), (), budget, requests)
@@ -356,11 +364,7 @@ def scenario(name: str, budget: Budget) -> World:
         return attrs.evolve(w, bad_manifests=frozenset({"E1"}))
     if name == "reserve_retry":  # B's first attempt failed and was cleaned: publishing B again reserves afresh
         s.stage(B)
-        token = s.tokens[B][1]
-        s.reg_step(Abort(B, token))
-        for i, e in enumerate(ENGINES):
-            s.eng_step(i, CleanupAttempt(s.tokens[B][0], token))
-            s.reg_step(RecordCleaned(B, token, e))
+        s.abort_and_clean(B)
         return _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B-again"), budget)
     if name == "reserve_name_mismatch":  # the candidate carries another name than the registry reserves
         w = _world(s, publication(B, DIGESTS[B], "not-" + lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
@@ -395,12 +399,8 @@ def scenario(name: str, budget: Budget) -> World:
         return attrs.evolve(w, net=(("req", stale),))
     if name == "abort_again":  # recovery aborts an attempt that is already FAILED_CLEAN: nothing to clean
         s.stage(B)
-        token = s.tokens[B][1]
-        s.reg_step(Abort(B, token))
-        for i, e in enumerate(ENGINES):
-            s.eng_step(i, CleanupAttempt(s.tokens[B][0], token))
-            s.reg_step(RecordCleaned(B, token, e))
-        return _world(s, settle(B, token, -1, commit=False), budget)
+        s.abort_and_clean(B)
+        return _world(s, settle(B, s.tokens[B][1], -1, commit=False), budget)
     if name == "reclaim_default":  # A is the default: the claim is refused, nothing reaches an engine
         return _world(s, reclaim(A), budget)
     if name in ("reclaim", "reclaim_in_use"):
