@@ -10,6 +10,9 @@ from __future__ import annotations
 import asyncio
 import time
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
@@ -25,6 +28,7 @@ from versioned_lora.lifecycle import (
     VersionKey,
 )
 from versioned_lora.runtime.publisher import DEFAULT_HOLDER, Publisher, PublishStatus
+from versioned_lora.spec.drivers import DriverOutcome
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.reasons import Reason
 
@@ -111,3 +115,64 @@ def test_a_recovered_registry_keeps_a_held_lease_for_a_whole_ttl(tmp_path: Path)
     ops = again.operations_view()
     assert (ops.lease_holder, ops.lease_fence) == ("p", 1)
     assert ops.lease_expires_in_s is not None and ops.lease_expires_in_s > 29.0  # never sooner than before
+
+
+def test_the_keeper_a_publication_runs_renews_past_the_ttl_and_stops_once_the_lease_is_taken_over(
+        tmp_path: Path) -> None:
+    """The lease keeper (spec/drivers.py, machine `lease`) on the real registry core: it holds the lease for several
+    ttls by renewing alone, and the renewal after a take-over is refused (lease.renew_lost), which ends it and makes
+    the publisher acquire again next time. The keeper is the one `publish` runs (`_keeper`), driven here without a
+    publication, which would need engines."""
+    core = RegistryCore(tmp_path / "j.sqlite")
+    trainer = Publisher(LocalRegistry(core), {}, never_probed, holder=DEFAULT_HOLDER, lease_ttl_s=1.5)
+    cli = publisher(core, "cli@test")
+
+    async def body() -> None:
+        keeper = trainer._keeper()
+        assert await trainer._lease_answer(keeper) == LeaseGranted(DEFAULT_HOLDER, 1, 1.5) and trainer.fence == 1
+        await asyncio.sleep(4.0)  # 2.7 ttls: only the renewals (every 0.5 s) keep it
+        assert await cli.acquire_lease() == Rejected(Reason.LEASE_HELD, "lease.held")
+        assert keeper.fired[:2] == ["keeper.start", "acquire.granted"] and keeper.fired.count("renew.renewed") >= 4
+        assert not keeper.done
+        assert (await cli.acquire_lease(take_over=True)).fence == 2
+        final = await asyncio.wait_for(keeper.finished(), 5.0)
+        assert (final.outcome, final.reason, keeper.fired[-1]) == (DriverOutcome.REJECTED, "NOT_LEASE_HOLDER",
+                                                                    "renew.refused")
+        assert trainer.fence is None  # the next publish asks for the lease again (and is refused: cli holds it)
+
+        await cli.release_lease()
+        stopped = trainer._keeper()  # a keeper its publication stops: no renewal after it, so the lease expires
+        assert await trainer._lease_answer(stopped) == LeaseGranted(DEFAULT_HOLDER, 3, 1.5)
+        stopped.cancel()
+        assert (await stopped.finished()).outcome is DriverOutcome.STOPPED and stopped.fired[-1] == "keeper.stop"
+        await asyncio.sleep(2.0)
+        assert await cli.acquire_lease() == LeaseGranted("cli@test", 4, cli.lease_ttl_s)
+
+    asyncio.run(body())
+
+
+def test_a_publication_cancelled_while_it_waits_for_the_lease_leaves_no_keeper_renewing(tmp_path: Path) -> None:
+    """The keeper is its own task: a caller that gives up before the lease is granted stops it (acquire.cancel), so
+    no lease is renewed for a publication that is gone."""
+    core = RegistryCore(tmp_path / "j.sqlite")
+    submitted: list[object] = []
+
+    class SlowToGrant(LocalRegistry):
+        async def submit(self, event: Any, key: str | None = None) -> Any:
+            submitted.append(event)
+            if isinstance(event, AcquireLease):
+                await asyncio.sleep(0.5)
+            return await super().submit(event, key)
+
+    trainer = Publisher(SlowToGrant(core), {}, never_probed, lease_ttl_s=0.3)
+
+    async def body() -> None:
+        task = asyncio.ensure_future(trainer.publish(B, candidate(B, "B")))
+        await asyncio.sleep(0.1)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(1.0)  # past the acquire's answer and three renewal periods
+        assert [type(e) for e in submitted] == [AcquireLease] and trainer.fence is None
+
+    asyncio.run(body())

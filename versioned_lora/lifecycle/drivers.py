@@ -30,6 +30,7 @@ from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, 
 from versioned_lora.spec.events import (
     NO_FENCE,
     Abort,
+    AcquireLease,
     BeginClose,
     BindFirst,
     ClaimReclaim,
@@ -42,7 +43,9 @@ from versioned_lora.spec.events import (
     RecordReady,
     RecordUnknown,
     RegistryEvent,
+    RenewLease,
     Reserve,
+    TakeOverLease,
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey
 from versioned_lora.spec.reasons import Reason
@@ -306,6 +309,31 @@ class SettleAttempt:
 
 
 @attrs.frozen
+class StageResult:
+    """A stage driver's outcome as its publication sees it: the report, and the attempt the registry issued ("" if
+    the reserve's answer never came)."""
+
+    outcome: DriverOutcome
+    attempt_token: str
+
+
+@attrs.frozen
+class RunStage:
+    """Run the publication's stage driver (its reserve and every engine's staging, its own rows): answered with a
+    `StageResult`."""
+
+    call: Call  # op: "stage"
+
+
+@attrs.frozen
+class WaitStored:
+    """Wait until the snapshot store holds the candidate's bytes (written beside the staging): answered once it
+    does (at once without a store), refused if the write failed, Lost past its deadline."""
+
+    call: Call  # op: "store"
+
+
+@attrs.frozen
 class Arm:
     timer: Timer
     deadline: str  # the `runtime.deadlines.Deadlines` field that gives its seconds
@@ -327,7 +355,7 @@ class Report:
 
 Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
                     | AbortGeneration | LocalCleanup | ReadIncarnation | ViewPlacement | Rehydrate | ViewPending
-                    | TakeLease | SettleAttempt)  # one I/O each (a Rehydrate, a SettleAttempt: a driver), answered
+                    | TakeLease | SettleAttempt | RunStage | WaitStored)  # one I/O each (some a driver), answered
 Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
@@ -468,7 +496,43 @@ class RecoverState:
     reason: str | None = None
 
 
-DriverState: TypeAlias = StageState | SettleState | ReclaimState | SessionState | SuperviseState | RecoverState
+@attrs.frozen
+class LeaseState:
+    """A lease keeper: `key` is the acquire's (the caller's, one per acquisition); `take_over` the fence an operator
+    names to end now (NO_FENCE: an ordinary acquire); `fence` the one granted; `lost`: a renewal was refused."""
+
+    phase: str
+    holder: str
+    ttl_s: float
+    key: str
+    take_over: int = NO_FENCE
+    fence: int = NO_FENCE
+    lost: bool = False
+    reason: str | None = None
+
+
+@attrs.frozen
+class PublishState:
+    """One publication: `stage` is its stage driver's outcome once answered, `outcome` its settle driver's; the settle
+    commits under the lease's `fence`."""
+
+    phase: str
+    version: VersionKey
+    lora_name: str
+    fence: int = NO_FENCE
+    attempt_token: str = ""
+    stage: DriverOutcome | None = None
+    outcome: DriverOutcome | None = None
+    reason: str | None = None
+
+    @property
+    def attempt(self) -> PendingAttempt:
+        """The attempt its settle driver commits or aborts (its bytes stored: the commit waits for them)."""
+        return PendingAttempt(self.version, VersionState.LOADING, self.attempt_token, self.lora_name, True)
+
+
+DriverState: TypeAlias = (StageState | SettleState | ReclaimState | SessionState | SuperviseState | RecoverState
+                          | LeaseState | PublishState)
 SubState: TypeAlias = StageEngineState | CleanupEngineState | ReclaimEngineState | GenerationState | RehydrateState
 
 
@@ -513,6 +577,22 @@ def recover() -> RecoverState:
     return RecoverState("IDLE")
 
 
+def publish(version: VersionKey, lora_name: str, fence: int = NO_FENCE) -> PublishState:
+    """One publication of `version` (its candidate carries `lora_name`) under the lease's `fence`."""
+    return PublishState("IDLE", version, lora_name, fence)
+
+
+def keep_lease(holder: str, ttl_s: float, key: str, take_over: int = NO_FENCE) -> LeaseState:
+    """The publisher lease for `holder`, acquired under `key` (or the live fence `take_over` ended and taken), then
+    renewed until the caller cancels the keeper."""
+    return LeaseState("IDLE", holder, ttl_s, key, take_over)
+
+
+def lease_lost(state: LeaseState) -> bool:
+    """The keeper ended because the registry refused a renewal: its fence is dead (expired or taken over)."""
+    return state.lost
+
+
 # ---------------------------------------------------------------- keys (derived from the state only)
 
 
@@ -537,6 +617,12 @@ def session_key(s: SessionState, call: str) -> str:
     closed one); a close-only finish, for a session this process no longer holds, has its own."""
     k = s.session
     return f"{'close-again' if s.close_only else call}:{k.epoch}:{k.shard}:{k.seq}"
+
+
+def renew_key(s: LeaseState) -> str:
+    """One key per holder and fence. A renewal changes nothing in the registry's state (lease.renew is a keep row),
+    so the registry answers it afresh each time: a call that changes nothing is never journaled (RegistryCore)."""
+    return f"renew:{s.holder}:{s.fence}"
 
 
 def restarted_key(engine: str, incarnation: int) -> str:
@@ -662,7 +748,32 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "answers_settle": lambda s, sub, i: _call_op(i) == "settle" and _shaped(i, DriverOutcome),
     "committable": lambda s, sub, i: committable(s.attempt),
     "settle_unknown": lambda s, sub, i: isinstance(i, Answer) and i.value is DriverOutcome.UNKNOWN,
+    # ---- publish
+    "answers_stage": lambda s, sub, i: _call_op(i) == "stage" and _shaped(i, StageResult),
+    "stage_staged": lambda s, sub, i: _staged(i) is DriverOutcome.STAGED,
+    "stage_failed": lambda s, sub, i: _staged(i) is DriverOutcome.STAGE_FAILED,
+    "stage_replayed": lambda s, sub, i: _staged(i) is DriverOutcome.REPLAYED,
+    "stage_rejected": lambda s, sub, i: _staged(i) is DriverOutcome.REJECTED,
+    "answers_store": lambda s, sub, i: _call_op(i) == "store",
+    "settle_committed": lambda s, sub, i: isinstance(i, Answer) and i.value is DriverOutcome.COMMITTED,
+    "settle_clean": lambda s, sub, i: isinstance(i, Answer) and i.value is DriverOutcome.FAILED_CLEAN,
+    # ---- lease
+    # (an answer of another shape is an executor's bug: no row takes it, the ProtocolError)
+    "answers_acquire": lambda s, sub, i: _call_op(i) == "acquire" and (
+        isinstance(_result(i), (LeaseGranted, Rejected)) or not isinstance(i, Answer)),
+    "answers_renew": lambda s, sub, i: _call_op(i) == "renew",
+    "acquire_timer": lambda s, sub, i: _timer(i, "acquire"),
+    "renew_timer": lambda s, sub, i: _timer(i, "renew"),
 }
+
+
+def _note_stage(s: PublishState, i: DriverInput) -> PublishState:
+    assert isinstance(i, Answer) and isinstance(i.value, StageResult), i  # (its rows' guard: answers_stage)
+    return attrs.evolve(s, stage=i.value.outcome, attempt_token=i.value.attempt_token)
+
+
+def _staged(i: DriverInput) -> DriverOutcome | None:
+    return i.value.outcome if isinstance(i, Answer) and isinstance(i.value, StageResult) else None
 
 
 def _pending(i: DriverInput) -> tuple[PendingAttempt, ...]:
@@ -686,6 +797,15 @@ def _shaped(i: DriverInput, kind: type) -> bool:
 def _owed(s: SuperviseState, i: DriverInput) -> list[StageOnEngine]:
     """The versions the registry's answer stages on this engine, except the attempts its own Publisher stages."""
     return [o for o in _stages(i) if o.engine == s.engine and o.attempt_token not in s.own]
+
+def _acquire_event(s: LeaseState) -> RegistryEvent:
+    if s.take_over != NO_FENCE:
+        return TakeOverLease(s.holder, s.take_over, s.ttl_s)
+    return AcquireLease(s.holder, s.ttl_s)
+
+
+# The `Arm` deadline name of a lease's renewal period (its executor answers a third of the lease's ttl).
+RENEW_PERIOD = "lease_renew"
 
 # ---------------------------------------------------------------- command builders
 # (state, sub, input) -> (state', commands).
@@ -934,6 +1054,18 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "settle_commit": lambda s, sub, i: (s, (SettleAttempt(Call("settle"), s.attempt, True, s.fence),)),
     "settle_abort": lambda s, sub, i: (s, (SettleAttempt(Call("settle"), s.attempt, False, s.fence),)),
     "note_settled": lambda s, sub, i: (attrs.evolve(s, outcome=i.value) if isinstance(i, Answer) else s, ()),
+    # ---- publish (settle_commit, settle_abort and note_settled above: a publication settles as a recovery does)
+    "run_stage": lambda s, sub, i: (s, (RunStage(Call("stage")),)),
+    "note_stage": lambda s, sub, i: (_note_stage(s, i), ()),
+    "wait_stored": lambda s, sub, i: (s, (WaitStored(Call("store")),)),
+    # ---- lease (a renewal's retry pause is its period: it is the timer "renew" again)
+    "submit_acquire": lambda s, sub, i: (s, (Submit(Call("acquire"), _acquire_event(s), s.key),)),
+    "arm_acquire": lambda s, sub, i: (s, (Arm(Timer("acquire"), "reserve"),)),
+    "disarm_acquire": lambda s, sub, i: (s, (Disarm(Timer("acquire")),)),
+    "note_lease": lambda s, sub, i: (attrs.evolve(s, fence=_result(i).fence), ()),
+    "arm_renew": lambda s, sub, i: (s, (Arm(Timer("renew"), RENEW_PERIOD),)),
+    "submit_renew": lambda s, sub, i: (s, (Submit(Call("renew"), RenewLease(s.holder, s.fence), renew_key(s)),)),
+    "note_lost": lambda s, sub, i: (attrs.evolve(s, lost=True), ()),
 }
 
 # ---------------------------------------------------------------- step
@@ -950,6 +1082,8 @@ MACHINE_OF: dict[type, Driver] = {
     SuperviseState: Driver.SUPERVISE,
     RehydrateState: Driver.REHYDRATE,
     RecoverState: Driver.RECOVER,
+    LeaseState: Driver.LEASE,
+    PublishState: Driver.PUBLISH,
 }
 INPUT_KIND: dict[type, Input] = {
     Start: Input.START, Answer: Input.ANSWER, Refusal: Input.REFUSAL, Lost: Input.LOST,
@@ -982,13 +1116,13 @@ def _engine_of(inp: DriverInput) -> str:
     return ""
 
 
-_SUBS = {SessionState: "requests", SuperviseState: "rehydrates", RecoverState: ""}  # else "engines"
+_SUBS = {SessionState: "requests", SuperviseState: "rehydrates", RecoverState: "", LeaseState: "", PublishState: ""}
 _NO_SUBS: Map[str, Any] = Map()
 
 
 def subs_of(state: Any) -> Any:
     """A coordinator's sub-machines by key: its engines', a session's generations by request id, or a supervisor's
-    rehydrates by attempt token (a recovery has none: it settles one attempt at a time)."""
+    rehydrates by attempt token (a recovery, a lease keeper and a publication have none)."""
     field = _SUBS.get(type(state), "engines")
     return getattr(state, field) if field else _NO_SUBS
 

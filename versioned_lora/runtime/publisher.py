@@ -50,13 +50,11 @@ from typing import Any, TypeVar
 import attrs
 
 from versioned_lora.lifecycle import (
-    AcquireLease,
+    NO_FENCE,
     EngineRestarted,
     LeaseGranted,
     Rejected,
     ReleaseLease,
-    RenewLease,
-    TakeOverLease,
     VersionKey,
     drivers,
 )
@@ -219,21 +217,24 @@ class Publisher:
                                   detail=f"{candidate.lora_name!r} != {lora_name(version, candidate.digest)!r}")
         phases: dict[str, float] = {}
         self._last_progress = time.monotonic()
-        lease = await self._lease(version, phases)
-        if isinstance(lease, PublishOutcome):
-            return lease
-        renewing = asyncio.ensure_future(self._keep_lease(lease))
+        keeper = self._keeper()  # renews the lease while this publication runs
         try:
+            lease = await self._lease(version, keeper, phases)
+            if isinstance(lease, PublishOutcome):
+                return lease
             return await self._publish(version, candidate, lease, phases)
-        finally:
+        finally:  # (a keeper that already ended has no task left to read the Cancel: nothing happens)
             if self.commit_unresolved and self._commit_task is not None:
                 # The commit is still being resolved under this fence: keep the lease until it is answered.
-                self._commit_task.add_done_callback(lambda _: renewing.cancel())
+                self._commit_task.add_done_callback(lambda _: keeper.cancel())
             else:
-                renewing.cancel()
+                keeper.cancel()
 
     async def _publish(self, version: VersionKey, candidate: CandidatePort, fence: int,
                        phases: dict[str, float]) -> PublishOutcome:
+        """Run the publish driver (spec/drivers.py, machine `publish`): the stage driver, the snapshot store's
+        write, then the settle driver's commit, or its abort and cleanup, as the rows decide. Here its three calls
+        are carried out, and its outcome is told as a PublishOutcome with what each call saw."""
         # A fresh key per publish call (a version cleaned after a failure may be reserved again: that is a new
         # call, answered with a new attempt), except after a reserve whose reply was lost: publishing the same
         # version and content again retries that very call, whose journaled answer names what to stage.
@@ -249,63 +250,101 @@ class Publisher:
             if self.snapshots is not None and not stored:
                 stored.append(asyncio.ensure_future(asyncio.to_thread(self.snapshots.put_candidate, candidate)))
 
-        start = drivers.publication(version, candidate.digest, candidate.lora_name, candidate.bucket_count, key, fence)
-        loop, report = await self._run_stage(start, candidate, phases, on_staging=reserved)
+        stage_loops: list[DriverLoop] = []
+        errors: list[Exception] = []  # the stage driver raised (a bug): re-raised to the caller as it was
+        failures: list[Exception] = []  # why the bytes could not be stored (the abort's reason)
+        settled: list[PublishOutcome] = []
+
+        async def perform(command: Any) -> drivers.DriverInput:
+            if isinstance(command, drivers.RunStage):
+                start = drivers.publication(version, candidate.digest, candidate.lora_name, candidate.bucket_count,
+                                            key, fence)
+                try:
+                    loop, report = await self._run_stage(start, candidate, phases, on_staging=reserved)
+                except Exception as exc:
+                    errors.append(exc)
+                    raise
+                stage_loops.append(loop)
+                state = loop.state
+                assert isinstance(state, drivers.StageState)
+                return drivers.Answer(command.call, drivers.StageResult(report.outcome, state.attempt_token))
+            if isinstance(command, drivers.WaitStored):
+                try:
+                    if stored:
+                        await self._timed(phases, "store", stored[0])
+                except PhaseDeadlineMissed as exc:
+                    failures.append(exc)
+                    return drivers.Lost(command.call)
+                except Exception as exc:  # the write itself failed
+                    failures.append(exc)
+                    return drivers.Refusal(command.call, type(exc).__name__)
+                return drivers.Answer(command.call)
+            assert isinstance(command, drivers.SettleAttempt), command
+            token = command.attempt.attempt_token
+            if command.commit:
+                outcome = await self._commit_and_resolve(version, candidate.lora_name, token, phases, fence)
+            else:  # rows publish.stage_failed, publish.store_failed, publish.store_lost: certainly not committed
+                loop = stage_loops[0]
+                state = loop.state
+                assert isinstance(state, drivers.StageState)
+                why = failures[0] if failures else self._stage_failure(
+                    state, loop, loop.answers[0] if loop.answers else None, candidate)
+                logger.warning("publication of %s failed before commit: %s; aborting", version, why)
+                if stored:
+                    await asyncio.gather(stored[0], return_exceptions=True)  # its thread cannot be stopped; let it end
+                status = await self.abort_and_clean(version, token, phases)
+                outcome = PublishOutcome(status, version, reason=type(why).__name__, lora_name=candidate.lora_name,
+                                         attempt_token=token, phases=phases, detail=str(why))
+            settled.append(outcome)
+            return drivers.Answer(command.call, DriverOutcome(str(outcome.status)))
+
+        loop = DriverLoop(drivers.publish(version, candidate.lora_name, fence), self.registry, self.engines,
+                          self.seconds, perform=perform)
+        try:
+            await loop.finished()
+        except asyncio.CancelledError:
+            loop.cancel()  # row publish.cancel: a staging in flight is cancelled, a commit goes on
+            raise
+        if settled:
+            return settled[0]
         state = loop.state
-        assert isinstance(state, drivers.StageState)
-        token = state.attempt_token
-        result = loop.answers[0] if loop.answers else None  # the reserve's answer, when one came
-        if report.outcome is DriverOutcome.UNKNOWN:  # row reserve.deadline
-            # The reserve may have taken a slot: publishing the same version again retries it under this key.
-            self._reserve_keys[unresolved] = key
-            phases.pop("reserve", None)  # not completed
-            limit, bound = self._armed.get("reserve", (self.deadlines.reserve, "deadline"))
-            return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.RESERVE_OUTCOME_UNKNOWN,
-                                  lora_name=candidate.lora_name, phases=phases,
-                                  detail=str(PhaseDeadlineMissed("reserve", limit, bound)))
-        if report.outcome is DriverOutcome.REJECTED:  # row reserve.refused
+        assert isinstance(state, drivers.PublishState)
+        if errors:  # row publish.stage_lost: the stage driver raised outside its rows (a bug)
+            raise errors[0]
+        assert stage_loops, loop.fired  # (the stage driver answered: publish.rejected, .replayed or .stage_unknown)
+        result = stage_loops[0].answers[0] if stage_loops[0].answers else None  # the reserve's answer, if any
+        if state.stage is DriverOutcome.REJECTED:  # row publish.rejected
             assert isinstance(result, Rejected)
             if result.reason is Reason.NOT_LEASE_HOLDER:
                 self.fence = None  # expired or taken over since it was granted: the next publish acquires again
             return PublishOutcome(PublishStatus.REJECTED, version, reason=str(result.reason), phases=phases)
-        if report.outcome is DriverOutcome.REPLAYED:  # row reserve.replayed: a finished publication
+        if state.stage is DriverOutcome.REPLAYED:  # row publish.replayed: a finished publication
             assert isinstance(result, Reserved)
             return PublishOutcome(PublishStatus.REPLAYED, version, lora_name=candidate.lora_name,
-                                  attempt_token=token, phases=phases, version_state=result.state)
-        try:
-            if report.outcome is not DriverOutcome.STAGED:
-                raise self._stage_failure(state, loop, result, candidate)
-            if stored:
-                await self._timed(phases, "store", stored[0])
-        except Exception as exc:  # not committed: abort, and clean what the abort's answer names
-            logger.warning("publication of %s failed before commit: %s; aborting", version, exc)
-            if stored:
-                await asyncio.gather(stored[0], return_exceptions=True)  # its thread cannot be stopped; let it end
-            status = await self.abort_and_clean(version, token, phases)
-            return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=candidate.lora_name,
-                                  attempt_token=token, phases=phases, detail=str(exc))
-        return await self._commit_and_resolve(version, candidate.lora_name, token, phases, fence)
+                                  attempt_token=state.attempt_token, phases=phases, version_state=result.state)
+        # Row publish.stage_unknown (the stage driver's reserve.deadline): the reserve may have taken a slot;
+        # publishing the same version again retries it under this key.
+        assert state.stage is DriverOutcome.UNKNOWN, loop.fired
+        self._reserve_keys[unresolved] = key
+        phases.pop("reserve", None)  # not completed
+        limit, bound = self._armed.get("reserve", (self.deadlines.reserve, "deadline"))
+        return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.RESERVE_OUTCOME_UNKNOWN,
+                              lora_name=candidate.lora_name, phases=phases,
+                              detail=str(PhaseDeadlineMissed("reserve", limit, bound)))
 
-    # ---- the publisher lease
+    # ---- the publisher lease: a lease keeper (spec/drivers.py, machine `lease`) acquires and renews it
     async def acquire_lease(self, *, take_over: bool = False) -> LeaseGranted | Rejected:
         """Take the publisher lease, or keep it (the holder asking again renews it: lease.acquire_replay).
         `take_over`: end the live lease at once, whoever holds it (lease.take_over), for an operator who knows
         its holder is gone; the fence taken over is the one the registry's view shows now, so a lease that moved
-        on meanwhile is not ended (lease.take_over_moved). May raise PhaseDeadlineMissed/RegistryUnavailable."""
-        if take_over:
-            live = (await self.registry.publication_view()).lease_fence
-            event: Any = TakeOverLease(self.holder, live, self.lease_ttl_s)
-        else:
-            event = AcquireLease(self.holder, self.lease_ttl_s)
-        # A fresh key each time: an acquire that is retried (a lost reply) is answered by the holder's replay row.
-        answer = await submit_until_known(self.registry, event, f"lease:{self.holder}:{uuid.uuid4().hex}",
-                                          self.deadlines.reserve)
-        result = answer.result
-        if isinstance(result, LeaseGranted):
-            self.fence = result.fence
-            return result
-        assert isinstance(result, Rejected)
-        return result
+        on meanwhile is not ended (lease.take_over_moved). Nothing renews it afterwards (a publication keeps its
+        own keeper). Raises PhaseDeadlineMissed when the answer did not come within the reserve deadline."""
+        live = (await self.registry.publication_view()).lease_fence if take_over else NO_FENCE
+        keeper = self._keeper(live)
+        try:
+            return await self._lease_answer(keeper)
+        finally:
+            keeper.cancel()
 
     async def release_lease(self) -> None:
         """End this publisher's lease now (another publisher may acquire it at once). Nothing if it holds none."""
@@ -313,34 +352,46 @@ class Publisher:
             fence, self.fence = self.fence, None
             await self.registry.submit(ReleaseLease(self.holder, fence))
 
-    async def _lease(self, version: VersionKey, phases: dict[str, float]) -> int | PublishOutcome:
+    def _keeper(self, take_over: int = NO_FENCE) -> DriverLoop:
+        # A fresh key per acquisition: a retry after a lost reply is the same call; a new acquisition by the same
+        # holder is answered by the holder's replay row (lease.acquire_replay).
+        state = drivers.keep_lease(self.holder, self.lease_ttl_s, f"lease:{self.holder}:{uuid.uuid4().hex}",
+                                   take_over)
+        return DriverLoop(state, self.registry, {}, self._lease_seconds, on_step=self._lease_step)
+
+    def _lease_seconds(self, deadline: str) -> float:
+        """A keeper's timers: its renewal period, a third of the lease's ttl; the acquire's, the reserve deadline."""
+        return self.lease_ttl_s / 3 if deadline == drivers.RENEW_PERIOD else self.seconds(deadline)
+
+    def _lease_step(self, before: Any, after: Any) -> None:
+        if isinstance(after, drivers.LeaseState) and drivers.lease_lost(after) and not drivers.lease_lost(before):
+            logger.warning("publisher lease (fence %d) lost: expired or taken over", after.fence)
+            if self.fence == after.fence:
+                self.fence = None  # the next publish acquires again
+
+    async def _lease_answer(self, keeper: DriverLoop) -> LeaseGranted | Rejected:
+        """The acquire's answer, once the keeper reported it (LEASED or REJECTED); PhaseDeadlineMissed if unknown."""
+        report = await keeper.reported()
+        reply = keeper.answer_of(drivers.Call("acquire"))
+        if report.outcome is DriverOutcome.UNKNOWN or reply is None:  # acquire.deadline / acquire.cancel
+            raise PhaseDeadlineMissed("lease", self.deadlines.reserve)
+        result = reply.result
+        assert isinstance(result, (LeaseGranted, Rejected)), result
+        if isinstance(result, LeaseGranted):
+            self.fence = result.fence
+        return result
+
+    async def _lease(self, version: VersionKey, keeper: DriverLoop, phases: dict[str, float]) -> int | PublishOutcome:
         """The fence this publication runs under, or the outcome that ends it before any reserve."""
         try:
-            result = await self.acquire_lease()  # bounded by the reserve deadline (submit_until_known)
-        except (PhaseDeadlineMissed, RegistryUnavailable) as exc:
+            result = await self._lease_answer(keeper)
+        except PhaseDeadlineMissed as exc:
             return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.LEASE_OUTCOME_UNKNOWN,
                                   phases=phases, detail=str(exc))
         if isinstance(result, Rejected):
             return PublishOutcome(PublishStatus.REJECTED, version, reason=str(result.reason), phases=phases,
                                   detail=f"the publisher lease is held by another publisher ({result.row})")
         return result.fence
-
-    async def _keep_lease(self, fence: int) -> None:
-        """Renew the lease every third of its ttl while a publication runs. A renewal the registry refuses (the
-        lease expired or was taken over) ends this: the publication's next Reserve or Commit is refused by the
-        registry itself (NOT_LEASE_HOLDER), which is what stops it; an unreachable registry is asked again."""
-        while True:
-            await asyncio.sleep(self.lease_ttl_s / 3)
-            try:
-                answer = await self.registry.submit(RenewLease(self.holder, fence))
-            except RegistryUnavailable as exc:
-                logger.warning("renewing the publisher lease (fence %d): %s", fence, exc)
-                continue
-            if isinstance(answer.result, Rejected):
-                logger.warning("publisher lease (fence %d) lost: %s", fence, answer.result.row)
-                if self.fence == fence:
-                    self.fence = None
-                return
 
     async def rehydrate(self, version: VersionKey, candidate: CandidatePort | None, engine: str) -> None:
         """Stage a version on one restarted engine under the attempt the registry issued for it (its placement

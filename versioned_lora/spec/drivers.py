@@ -69,6 +69,8 @@ class Driver(StrEnum):
     SUPERVISE = "supervise"  # one engine after a restart: its incarnation reported, every version it owes rehydrated
     REHYDRATE = "rehydrate"  # one version the restarted engine owes: the registry's placement read, then staged
     RECOVER = "recover"  # the attempt a crashed publisher left: the lease, then committed or aborted
+    LEASE = "lease"  # the publisher lease: acquired (or taken over), then renewed while a publication runs
+    PUBLISH = "publish"  # one publication end to end: staged, its bytes stored, then committed or aborted and cleaned
 
 
 class Input(StrEnum):
@@ -108,6 +110,9 @@ class DriverOutcome(StrEnum):
     RECONCILED = "RECONCILED"  # the incarnation adopted; each version owed is READY there or failed (and says why)
     # A recovery's outcome.
     RECOVERED = "RECOVERED"  # the attempt left pending (if any) is settled: committed, or aborted and clean
+    # A lease keeper's outcomes.
+    LEASED = "LEASED"  # the lease is held under the fence the state names; renewed until the caller stops it
+    STOPPED = "STOPPED"  # the caller stopped the keeper: no renewal is sent any more (the lease stays until its ttl)
 
 
 class SessionRefusal(StrEnum):
@@ -147,6 +152,11 @@ PHASES: dict[Driver, tuple[str, ...]] = {
     # VIEWING: the attempts pending in the registry (and whether the snapshot store holds each one's bytes);
     # LEASING: the publisher lease; SETTLING: the settle driver commits or aborts it.
     Driver.RECOVER: ("IDLE", "VIEWING", "LEASING", "SETTLING", "DONE"),
+    # HOLDING: the renewal timer armed; RENEWING: a renewal in flight.
+    Driver.LEASE: ("IDLE", "ACQUIRING", "HOLDING", "RENEWING", "DONE"),
+    # STAGING: the stage driver runs; STORING: the bytes written beside the staging are waited for; SETTLING: the
+    # settle driver commits or aborts the attempt.
+    Driver.PUBLISH: ("IDLE", "STAGING", "STORING", "SETTLING", "DONE"),
 }
 # The phases in which a sub-machine is finished with its engine (its coordinator is told `Settled`).
 TERMINAL: dict[Driver, frozenset[str]] = {
@@ -161,6 +171,8 @@ TERMINAL: dict[Driver, frozenset[str]] = {
     Driver.SUPERVISE: frozenset({"DONE"}),
     Driver.REHYDRATE: frozenset({"READY", "FAILED"}),
     Driver.RECOVER: frozenset({"DONE"}),
+    Driver.LEASE: frozenset({"DONE"}),
+    Driver.PUBLISH: frozenset({"DONE"}),
 }
 # The phases whose entry tells the coordinator `Settled`: the terminal ones, and for staging WAITING too (the
 # RFC §3.2 barrier: the coordinator sends the next call once every engine is WAITING).
@@ -186,6 +198,10 @@ INPUTS: dict[Driver, tuple[Input, ...]] = {
     Driver.REHYDRATE: (Input.ANSWER, Input.REFUSAL, Input.LOST),
     # No deadline of its own either: the lease's acquire has the reserve's, and each settle driver its own.
     Driver.RECOVER: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.CANCEL),
+    Driver.LEASE: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL),
+    # No deadline of its own: the stage and settle drivers bound each of their calls, and the executor the store's
+    # wait (Deadlines.store, then Lost).
+    Driver.PUBLISH: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.CANCEL),
 }
 
 
@@ -227,7 +243,7 @@ def late(id: str, machine: Driver, sources: str, input: Input, doc: str = "") ->
 SG, SN = Driver.STAGE, Driver.STAGE_ENGINE
 SE, CE, RC, RE = Driver.SETTLE, Driver.CLEANUP_ENGINE, Driver.RECLAIM, Driver.RECLAIM_ENGINE
 SS, GN = Driver.SESSION, Driver.GENERATION
-SV, RH, RV = Driver.SUPERVISE, Driver.REHYDRATE, Driver.RECOVER
+SV, RH, RV, LS, PB = Driver.SUPERVISE, Driver.REHYDRATE, Driver.RECOVER, Driver.LEASE, Driver.PUBLISH
 R = SessionRefusal
 OPEN_PHASES = "OPEN BINDING BIND_UNKNOWN BOUND"  # a session before its finish began
 CLOSING_PHASES = "CLOSING ABORTING CLEANING_UP CLEANUP_FAILED RELEASING CLOSED"  # from its finish on
@@ -732,6 +748,100 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     late("recover.late_refusal", RV, "DONE", I.REFUSAL),
     late("recover.late_lost", RV, "DONE", I.LOST),
     late("recover.late_cancel", RV, "DONE", I.CANCEL),
+    # ================================================================ lease (one publisher at a time, RFC §3)
+    # A keeper acquires the lease (or, told to, takes over the fence an operator names) and renews it a third of its
+    # ttl apart while its caller publishes. It decides nothing about the publication: a lease lost meanwhile (expired
+    # or taken over) makes the registry itself refuse the publication's next Reserve or Commit under the old fence
+    # (reserve.no_lease, commit.no_lease). A renewal waits for its answer with no timer of its own: the lease's ttl
+    # bounds it (one answered too late is refused, lease.renew_lost), and the port's transport answers Lost.
+    row("keeper.start", LS, "IDLE", I.START, "ACQUIRING", commands=("submit_acquire", "arm_acquire"),
+        doc="Acquire under the caller's key (the holder asking again is answered lease.acquire_replay), or take "
+            "over the fence the caller names (lease.take_over)."),
+    row("acquire.granted", LS, "ACQUIRING", I.ANSWER, "HOLDING", guards=("answers_acquire",),
+        commands=("disarm_acquire", "note_lease", "arm_renew"), report=O.LEASED,
+        doc="The fence the publication's Reserve and Commit carry; the first renewal a third of the ttl from now."),
+    row("acquire.refused", LS, "ACQUIRING", I.REFUSAL, "DONE", guards=("answers_acquire",), report=O.REJECTED,
+        doc="LEASE_HELD: another publisher holds it (or took it over since the fence named): nothing is reserved."),
+    row("acquire.lost", LS, "ACQUIRING", I.LOST, SAME, guards=("answers_acquire",), commands=("submit_acquire",),
+        doc="The same key again: answered from the journal if the first landed."),
+    row("acquire.deadline", LS, "ACQUIRING", I.DEADLINE, "DONE", guards=("acquire_timer",), report=O.UNKNOWN,
+        doc="The lease may be ours (it expires unrenewed): nothing is reserved under a fence we do not know."),
+    row("acquire.cancel", LS, "ACQUIRING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="The caller gave up: as a missed deadline."),
+    row("hold.renew", LS, "HOLDING", I.DEADLINE, "RENEWING", guards=("renew_timer",), commands=("submit_renew",),
+        doc="The registry's timer for this fence starts again (lease.renew); nothing else changes."),
+    row("renew.renewed", LS, "RENEWING", I.ANSWER, "HOLDING", guards=("answers_renew",), commands=("arm_renew",)),
+    row("renew.refused", LS, "RENEWING", I.REFUSAL, "DONE", guards=("answers_renew",), commands=("note_lost",),
+        report=O.REJECTED,
+        doc="lease.renew_lost: the lease expired or was taken over. The keeper stops; what stops the publication "
+            "is the registry refusing its next call under this fence."),
+    row("renew.lost", LS, "RENEWING", I.LOST, "HOLDING", guards=("answers_renew",), commands=("arm_renew",),
+        doc="The registry could not be reached: asked again a period from now (a renewal is idempotent)."),
+    row("keeper.stop", LS, "HOLDING RENEWING", I.CANCEL, "DONE", report=O.STOPPED,
+        doc="The publication ended: no more renewals. The lease is not released (the next publication of this "
+            "holder reuses it); it expires a ttl after the last renewal."),
+    late("keeper.late_timer", LS, "HOLDING RENEWING DONE", I.DEADLINE,
+         doc="The acquire's timer, fired while its answer was already in the inbox."),
+    late("keeper.late_reply", LS, "HOLDING DONE", I.ANSWER, doc="An answer after the caller stopped the keeper."),
+    late("keeper.late_refusal", LS, "HOLDING DONE", I.REFUSAL),
+    late("keeper.late_lost", LS, "HOLDING DONE", I.LOST),
+    late("keeper.late_cancel", LS, "DONE", I.CANCEL),
+    # ================================================================ publish (one publication, end to end)
+    # The choice between commit and abort, once the staging has ended: the stage driver's outcome and the snapshot
+    # store's write decide it here, and the settle driver carries it out. The stage and settle drivers run as one
+    # call each (their own rows are checked on their own; model_checks/drivers.py runs them as one step here).
+    row("publish.start", PB, "IDLE", I.START, "STAGING", commands=("run_stage",),
+        doc="The stage driver: the reserve, then every engine's staging (the snapshot store's write starts as soon "
+            "as the attempt is known, beside the staging)."),
+    row("publish.staged", PB, "STAGING", I.ANSWER, "STORING", guards=("answers_stage", "stage_staged"),
+        commands=("note_stage", "wait_stored"),
+        doc="READY recorded from every engine. A version the registry may serve is always in the store, so the "
+            "commit waits for the write."),
+    row("publish.stage_failed", PB, "STAGING", I.ANSWER, "SETTLING", guards=("answers_stage", "stage_failed"),
+        commands=("note_stage", "settle_abort"),
+        doc="Some engine's staging failed, or the reserve named another lora_name: certainly not committed. "
+            "Abort, and clean exactly what the abort's answer names."),
+    row("publish.replayed", PB, "STAGING", I.ANSWER, "DONE", guards=("answers_stage", "stage_replayed"),
+        commands=("note_stage",), report=O.REPLAYED, doc="The same version and content was published before."),
+    row("publish.rejected", PB, "STAGING", I.ANSWER, "DONE", guards=("answers_stage", "stage_rejected"),
+        commands=("note_stage",), report=O.REJECTED,
+        doc="Refused at reserve (capacity, a pending attempt, a conflict, a dead lease fence): nothing was taken."),
+    row("publish.stage_unknown", PB, "STAGING", I.ANSWER, "DONE", guards=("answers_stage",), commands=("note_stage",),
+        report=O.UNKNOWN,
+        doc="The reserve's answer is unknown: it may have taken the slot. Nothing is aborted (there may be nothing "
+            "to abort); publishing the same content again retries the same reserve, which the journal answers."),
+    row("publish.stage_refused", PB, "STAGING", I.REFUSAL, "DONE", guards=("answers_stage",), report=O.UNKNOWN,
+        doc="A stage driver answers with its outcome; anything else leaves the attempt as the registry has it."),
+    row("publish.stage_lost", PB, "STAGING", I.LOST, "DONE", guards=("answers_stage",), report=O.UNKNOWN,
+        doc="The stage driver failed outside its rows: nothing is known of the attempt (`recover` settles it)."),
+    row("publish.stored", PB, "STORING", I.ANSWER, "SETTLING", guards=("answers_store",), commands=("settle_commit",),
+        doc="Commit under the lease's fence (resolved until known, the settle driver's rows)."),
+    row("publish.store_failed", PB, "STORING", I.REFUSAL, "SETTLING", guards=("answers_store",),
+        commands=("settle_abort",),
+        doc="The store could not take the bytes: a version nobody could rehydrate after a restart is never "
+            "committed. Abort it (it is certainly not committed yet)."),
+    row("publish.store_lost", PB, "STORING", I.LOST, "SETTLING", guards=("answers_store",), commands=("settle_abort",),
+        doc="The write did not finish within its deadline: the same; the content-addressed store keeps nothing "
+            "the registry names."),
+    row("publish.committed", PB, "SETTLING", I.ANSWER, "DONE", guards=("answers_settle", "settle_committed"),
+        commands=("note_settled",), report=O.COMMITTED),
+    row("publish.cleaned", PB, "SETTLING", I.ANSWER, "DONE", guards=("answers_settle", "settle_clean"),
+        commands=("note_settled",), report=O.FAILED_CLEAN),
+    row("publish.settle_unknown", PB, "SETTLING", I.ANSWER, "DONE", guards=("answers_settle",),
+        commands=("note_settled",), report=O.UNKNOWN,
+        doc="A commit or an abort whose outcome is unknown (a commit's settle driver goes on resolving it), or a "
+            "cleanup some engine did not confirm: the slot stays taken, nothing further before it is known."),
+    row("publish.settle_refused", PB, "SETTLING", I.REFUSAL, "DONE", guards=("answers_settle",), report=O.UNKNOWN,
+        doc="A settle driver answers with its outcome; anything else leaves the attempt as the registry has it."),
+    row("publish.settle_lost", PB, "SETTLING", I.LOST, "DONE", guards=("answers_settle",), report=O.UNKNOWN,
+        doc="The settle driver failed outside its rows: the attempt's outcome is not known."),
+    row("publish.cancel", PB, "STAGING STORING SETTLING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="The caller gave up: a staging in flight is cancelled (rows reserve.cancel, stage.cancel: `recover` "
+            "settles the attempt); a commit goes on until it is answered."),
+    late("publish.late_reply", PB, "DONE", I.ANSWER, doc="A call's answer after the caller gave up."),
+    late("publish.late_refusal", PB, "DONE", I.REFUSAL),
+    late("publish.late_lost", PB, "DONE", I.LOST),
+    late("publish.late_cancel", PB, "DONE", I.CANCEL),
 )
 # fmt: on
 
