@@ -127,7 +127,7 @@ def scenario(name: str, budget: Budget) -> Crowd:
     s.commit(A)
     if name == "commit_while_binding":  # B READY everywhere, committed while a session binds and generates:
         s.stage(B)  # the bind lands on A or on B, and its generation goes where that version is servable
-        committing = Lane(settle(B, s.tokens[B][1], s.reg.default_revision, commit=True))
+        committing = Lane(settle(B, s.tokens[B][1], commit=True))
         return _crowd(s, budget, (committing, _session_lane(("bind", "gen r0", "finish"))))
     if name == "publish_while_bound":  # B reserved and staged while a session binds to A and generates
         staging = Lane(publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), 1, "reserve:B"))
@@ -155,7 +155,7 @@ def scenario(name: str, budget: Budget) -> Crowd:
     if name == "abort_while_committing":  # B READY everywhere: one publisher commits it while another (recovering
         s.stage(B)  # it after a lease takeover) aborts the same attempt: a committed B is never cleaned
         token = s.tokens[B][1]
-        lanes = (Lane(settle(B, token, s.reg.default_revision, commit=True)), Lane(settle(B, token, -1, commit=False)))
+        lanes = (Lane(settle(B, token, commit=True)), Lane(settle(B, token, commit=False)))
         return _crowd(s, budget, lanes)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 

@@ -44,7 +44,10 @@ Properties, on every reachable world:
   unknown_needs_a_fault    UNKNOWN is reported only after a fault (a loss, an early deadline, a cancel, a
                            restart), a request that never ends, or another process's call
   unknown_means_claim_unanswered  a reclaim reports UNKNOWN only while its claim's answer is unknown
-  sub_state_is_true        an engine counted CLEANED / CONFIRMED / READY is recorded so in the registry
+  sub_state_is_true        an engine counted CLEANED / CONFIRMED / READY is recorded so in the registry, and one whose
+                           cleanup the registry answered as recorded is counted CLEANED
+  confirms_only_unloaded   a reclaim confirms an engine's unload only once the engine has the adapter UNLOADED
+  commits_a_read_revision  a commit expects a revision the registry has had (the one its settle driver read)
   one_call_at_a_time       the driver never sends a call again while the same call is in flight (a retry
                            follows its Lost; checked where the network duplicates nothing)
   gives_up_only_at_its_deadline  a sub-machine never ends (UNCONFIRMED, FAILED) because its retry pause ended
@@ -88,7 +91,11 @@ Properties, on every reachable world:
   told_once                when nothing can happen, every question the caller asked has been answered
   told_its_own_outcome     BOUND is told only to the bind's waiters and CLOSED only to a finish; a finish of a session
                            this driver closed is never told REJECTED
-  sub_state_is_true        a generation is RESOLVED only from an unknown outcome being resolved
+  sub_state_is_true        a generation is RESOLVED only from an unknown outcome being resolved, and ABORTED only once
+                           an abort was sent to it
+  cleanup_only_when_asked  the caller's local cleanup runs only for a session that asked for it
+  generated_only_while_open  a response is told GENERATED only while the session is bound (after the close began it
+                           is DROPPED)
   A restart supervisor (SUPERVISE_SCENARIOS: E0 restarted and holds nothing; its rehydrates run the stage driver,
   whose own rows the stage scenarios check, as one step here):
   rehydrates_what_is_owed  a rehydrate is sent only for a staging the registry's answer names for this engine,
@@ -171,6 +178,7 @@ from versioned_lora.lifecycle.drivers import (
     PendingAttempt,
     PublishState,
     ReadIncarnation,
+    ReadRevision,
     ReclaimEngine,
     ReclaimEngineState,
     ReclaimState,
@@ -275,12 +283,13 @@ UNBOUNDED_BY_DESIGN |= {(Driver.RECOVER, "VIEWING"), (Driver.RECOVER, "LEASING")
 UNBOUNDED_BY_DESIGN |= {(Driver.PUBLISH, "STAGING"), (Driver.PUBLISH, "STORING"), (Driver.PUBLISH, "SETTLING")}
 # A lease keeper's renewal: the lease's ttl bounds it (a renewal answered too late is refused, lease.renew_lost).
 UNBOUNDED_BY_DESIGN |= {(Driver.LEASE, "RENEWING")}
-# A coordinator's timers that bound a call, and the calls each bounds (the close timer: begin_close, then the close):
+# A coordinator's timers that bound a call, and the calls each bounds (the close timer: begin_close, then the close;
+# the commit timer: the revision read, then the commit):
 # one is armed only while such a call is in flight. (A lease's "renew" is its period and "backoff" a retry pause:
 # armed while nothing is.)
-TIMED_CALLS = {"reserve": {"reserve"}, "commit": {"commit"}, "abort": {"abort"}, "claim": {"claim"}, "bind": {"bind"},
-               "close": {"begin_close", "close"}, "incarnation": {"incarnation"}, "restarted": {"restarted"},
-               "acquire": {"acquire"}}
+TIMED_CALLS = {"reserve": {"reserve"}, "commit": {"revision", "commit"}, "abort": {"abort"}, "claim": {"claim"},
+               "bind": {"bind"}, "close": {"begin_close", "close"}, "incarnation": {"incarnation"},
+               "restarted": {"restarted"}, "acquire": {"acquire"}}
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
 ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
                 "bucket": "answers_bucket", "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready",
@@ -292,7 +301,7 @@ ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepare
                 "restarted": "answers_restarted", "placement": "answers_placement", "rehydrate": "answers_rehydrate",
                 "pending": "answers_pending", "lease": "answers_lease", "settle": "answers_settle",
                 "acquire": "answers_acquire", "renew": "answers_renew", "stage": "answers_stage",
-                "store": "answers_store"}
+                "store": "answers_store", "revision": "answers_revision"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 O = DriverOutcome  # noqa: E741
@@ -305,7 +314,7 @@ OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.REPLAYED, O.REJECTED, O.UNK
             LeaseState: {O.LEASED, O.STOPPED, O.REJECTED, O.UNKNOWN},
             PublishState: {O.COMMITTED, O.FAILED_CLEAN, O.REPLAYED, O.REJECTED, O.UNKNOWN}}
 CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine, ViewDispatch, SendGeneration, AbortGeneration,
-         LocalCleanup, ReadIncarnation, ViewPlacement, Rehydrate, ViewPending, TakeLease,
+         LocalCleanup, ReadIncarnation, ReadRevision, ViewPlacement, Rehydrate, ViewPending, TakeLease,
          SettleAttempt, RunStage, WaitStored)  # commands that are one call each
 LOCAL_WORK = (RunStage, WaitStored)
 
@@ -448,29 +457,29 @@ def scenario(name: str, budget: Budget) -> World:
             start = publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B", s.fence)
         else:  # B READY everywhere: its commit under fence 1 is refused if the take-over came first, then aborted
             s.stage(B)
-            start = settle(B, s.tokens[B][1], s.reg.default_revision, commit=True, fence=s.fence)
+            start = settle(B, s.tokens[B][1], commit=True, fence=s.fence)
         return attrs.evolve(_world(s, start, budget), net=(take_over,))
     if name == "commit":  # B READY everywhere: commit it (the lost-commit-reply story of RFC §3.4)
         s.stage(B)
-        return _world(s, settle(B, s.tokens[B][1], s.reg.default_revision, commit=True), budget)
+        return _world(s, settle(B, s.tokens[B][1], commit=True), budget)
     if name == "commit_not_ready":  # B READY on E0 only: the commit is refused, then aborted and cleaned
         s.stage(B, ready_on=(0,))
-        return _world(s, settle(B, s.tokens[B][1], s.reg.default_revision, commit=True), budget)
+        return _world(s, settle(B, s.tokens[B][1], commit=True), budget)
     if name == "abort":  # staging failed on B after READY everywhere: abort and clean both engines, while
         s.stage(B)  # E0 still runs B's probe request (its cleanup answers IN_USE until the request ends)
         s.eng_step(0, AcquireRequest(s.tokens[B][0]))
         requests = ((0, s.tokens[B][0]),)
-        return _world(s, settle(B, s.tokens[B][1], -1, commit=False), attrs.evolve(budget, releases=1), requests)
+        return _world(s, settle(B, s.tokens[B][1], commit=False), attrs.evolve(budget, releases=1), requests)
     if name == "abort_after_commit":  # a recovering publisher aborts B while the crashed one's commit of B
         s.stage(B)  # is still in flight: whichever lands first, a committed B is never cleaned
         token = s.tokens[B][1]
         stale = Submit(Call("commit", STALE), Commit(B, token, s.reg.default_revision), "commit:stale")
-        w = _world(s, settle(B, token, -1, commit=False), budget)
+        w = _world(s, settle(B, token, commit=False), budget)
         return attrs.evolve(w, net=(("req", stale),))
     if name == "abort_again":  # recovery aborts an attempt that is already FAILED_CLEAN: nothing to clean
         s.stage(B)
         s.abort_and_clean(B)
-        return _world(s, settle(B, s.tokens[B][1], -1, commit=False), budget)
+        return _world(s, settle(B, s.tokens[B][1], commit=False), budget)
     if name == "reclaim_default":  # A is the default: the claim is refused, nothing reaches an engine
         return _world(s, reclaim(A), budget)
     if name in ("reclaim", "reclaim_in_use"):
@@ -725,6 +734,12 @@ class DriverSystem:
                 net = [(kind, m) for kind, m in net if getattr(m, "call", None) != c.call]
             else:
                 net.append(("req", c))
+        flags += _confirm_and_commit_flags(w, step.commands)
+        for name, sub in subs_of(step.state).items():  # a record the registry answered is a record made
+            was = subs_of(w.driver).get(name)
+            if isinstance(sub, CleanupEngineState) and was is not None and was.phase == "RECORDING" and (
+                    sub.phase == "UNCONFIRMED" and isinstance(inp, Answer)):
+                flags.append(f"sub_state_is_true: {name}'s cleanup was recorded, and it counted UNCONFIRMED")
         for c in step.commands:
             if isinstance(c, CALLS) and not self._waits_for(step.state, c.call):
                 flags.append(f"waits_for_what_it_sends: {c.call} sent, and no row of the phase it moved to "
@@ -787,6 +802,8 @@ class DriverSystem:
         if isinstance(command, ViewDispatch):  # the gate: the registry's own answer
             servable = frozenset(e for e in ENGINES if servable_on(w.registry, command.version, e))
             return w, Answer(command.call, servable)
+        if isinstance(command, ReadRevision):
+            return w, Answer(command.call, w.registry.default_revision)
         if isinstance(command, ViewPlacement):
             return w, Answer(command.call, w.registry.placements[(command.version, command.engine)].state)
         if isinstance(command, Rehydrate):
@@ -1046,6 +1063,8 @@ class DriverSystem:
                      if kind in ("req", "rep") and getattr(m, "call", None) is not None and m.call.engine == name}
             if isinstance(machine, SessionState) and machine.phase not in ("BINDING", "BIND_UNKNOWN"):
                 calls.discard("bind")  # a bind sent before the finish lands late (finish.binding): not waited on
+            if isinstance(machine, SettleState) and machine.phase != "VIEWING":
+                calls.discard("revision")  # a read the deadline gave up on lands late (revision.deadline): harmless
             awaited = self._awaited(machine)
             if awaited and not awaited & calls:
                 out.append(f"waits_on_a_call: {name or 'the coordinator'} is {machine.phase}, waiting for "
@@ -1160,6 +1179,23 @@ class DriverSystem:
         return out
 
 
+def _confirm_and_commit_flags(w: World, commands: tuple[Any, ...]) -> list[str]:
+    """A reclaim confirms only what its engine unloaded; a commit expects a revision the registry has had (the one
+    its settle driver read), never one made up."""
+    out = []
+    for c in commands:
+        if isinstance(c, Submit) and isinstance(c.event, ConfirmReclaim):
+            name = w.registry.versions[c.event.version].lora_name
+            adapter = w.engines[ENGINES.index(c.event.engine)].adapters.get(name)
+            if adapter is not None and adapter.state is not AdapterState.UNLOADED:
+                out.append(f"confirms_only_unloaded: {c.event.engine}'s unload confirmed while it is {adapter.state}")
+        if isinstance(c, Submit) and isinstance(c.event, Commit) and not (
+                0 <= c.event.expected_default_revision <= w.registry.default_revision):
+            out.append(f"commits_a_read_revision: a commit expects revision {c.event.expected_default_revision}, "
+                       f"the registry's is {w.registry.default_revision}")
+    return out
+
+
 def _session_flags(before: Any, after: SessionState, commands: tuple[Any, ...], registry: Any) -> list[str]:
     """What a session's step sent, judged against the state it was in (checked with the world's)."""
     out = []
@@ -1168,7 +1204,15 @@ def _session_flags(before: Any, after: SessionState, commands: tuple[Any, ...], 
         if g.phase == "RESOLVED" and (was is None or was.phase not in ("RESOLVED", "UNKNOWN", "RESOLVING")):
             out.append(f"sub_state_is_true: {rid} went {None if was is None else was.phase} -> RESOLVED, no "
                        "resolution of an unknown outcome")
+        if g.phase == "ABORTED" and (was is None or was.phase not in ("ABORTED", "ABORTING", "RESOLVING")):
+            out.append(f"sub_state_is_true: {rid} went {None if was is None else was.phase} -> ABORTED, no abort "
+                       "sent to it")
     for c in commands:
+        if isinstance(c, LocalCleanup) and not after.cleanup:
+            out.append("cleanup_only_when_asked: the caller's local cleanup run for a session that asked for none")
+        if isinstance(c, Report) and c.outcome is DriverOutcome.GENERATED and before.phase != "BOUND":
+            out.append(f"generated_only_while_open: {c.subject}'s response told GENERATED while the session is "
+                       f"{before.phase} (a response after the close began is DROPPED)")
         if isinstance(c, (ViewDispatch, SendGeneration)) and after.phase != "BOUND":
             out.append(f"nothing_after_finish: {type(c).__name__} for {c.call.engine} while {after.phase}")
         if isinstance(c, SendGeneration):
@@ -1530,6 +1574,7 @@ DRIVER_BOUNDS = (
 # issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input that no executor
 # following driver_loop.py produces, and change nothing or end the work REJECTED.
 DEFENSIVE_ROWS = {
+    "revision.refused": "a registry read is answered or lost; a typed refusal of it is a port outside its contract",
     "clean.refused": "cleanup.other_attempt / cleanup.reclaimed: a rehydrate attempt replaced the one cleaned",
     "cleaned.refused": "cleaned.stale_attempt: a restart replaced the attempt after the engine cleaned it",
     "unknown.refused": "unknown.stale_attempt: the same, for an UNKNOWN receipt",

@@ -114,6 +114,19 @@ EQUIVALENT: dict[str, str] = {
     "CONFIRMING is that timer's",
     "drop_command adopt.nothing: disarm_restarted": "the row ends the supervisor DONE, a terminal phase whose "
     "executor cancels every timer still armed: the same timer is cancelled one step later, with nothing between",
+    "add_command closing.refused: disarm_bind": "the row ends the session CLOSED, a terminal phase whose executor "
+    "cancels every timer still armed (as release.refused)",
+    "add_command finish.again: disarm_bind": "no bind timer is armed in CLOSING or RELEASING: the way in from "
+    "BINDING disarms it (finish.binding), from BIND_UNKNOWN it has fired already, and from OPEN or BOUND it was "
+    "never armed or was disarmed by the bind's answer: disarming it does nothing",
+    "add_command renew.renewed: disarm_acquire": "the acquire timer was disarmed when the lease was granted "
+    "(acquire.granted), the only way into HOLDING before a renewal: disarming it again does nothing",
+    "drop_guard reserve.replayed: reserved_answer": "every answer to a reserve is a `Reserved` (a `Rejected` reply is "
+    "a Refusal input, lifecycle.drivers.input_kind): the guard differs only on an answer outside the registry port's "
+    "contract",
+    "drop_guard claim.already_done: claim_says_reclaimed": "a claim answer that names no engine says RECLAIMED: "
+    "claim.retired names every engine, claim.replay every unconfirmed one (the last confirm makes the version "
+    "RECLAIMED), claim.replay_done names none and says RECLAIMED",
 
 }
 

@@ -116,7 +116,7 @@ def test_an_uncovered_pair_is_the_protocol_error() -> None:
     rows = tuple(r for r in DRIVER_ROWS if r.id != "settle.late_cancel")
     assert (Driver.SETTLE, "DONE", "Cancel") not in uncovered_driver_pairs()
     assert (Driver.SETTLE, "DONE", "Cancel") in uncovered_driver_pairs(rows)
-    done = attrs.evolve(settle(B, "t", 1, commit=True), phase="DONE")
+    done = attrs.evolve(settle(B, "t", commit=True), phase="DONE")
     with pytest.raises(ProtocolError):
         Drivers(rows).step(done, Cancel())
     assert DRIVERS.step(done, Cancel()).fired == ("settle.late_cancel",)
@@ -130,7 +130,7 @@ def test_rows_naming_an_unknown_guard_or_command_are_refused_at_compile_time() -
 
 def test_an_abort_answer_that_is_no_registry_reply_names_no_cleanup() -> None:
     """An answer without a registry reply (an executor bug) cleans nothing: it lands on the late row."""
-    aborting = DRIVERS.step(settle(B, "t", -1, commit=False), Start()).state
+    aborting = DRIVERS.step(settle(B, "t", commit=False), Start()).state
     step = DRIVERS.step(aborting, Answer(Call("abort"), None))
     assert (step.fired, step.commands, step.state) == (("settle.late_reply",), (), aborting)
 
@@ -147,10 +147,13 @@ def _run(state, *inputs):
     return state, fired, commands
 
 
+READ = Answer(Call("revision"), 1)  # the registry's default revision, read before the commit
+
+
 def test_a_fired_commit_deadline_is_unknown_and_never_an_abort() -> None:
-    state, fired, commands = _run(settle(B, "t", 1, commit=True), Start(), Deadline(Timer("commit")),
+    state, fired, commands = _run(settle(B, "t", commit=True), Start(), READ, Deadline(Timer("commit")),
                                   Lost(Call("commit")))
-    assert fired == ["settle.commit", "commit.deadline", "commit.lost"]
+    assert fired == ["settle.commit", "revision.read", "commit.deadline", "commit.lost"]
     assert state.phase == "COMMIT_UNRESOLVED"
     assert [c for c in commands if isinstance(c, Report)] == [Report(DriverOutcome.UNKNOWN)]
     submits = [c for c in commands if isinstance(c, Submit)]
@@ -161,17 +164,35 @@ def test_the_commit_deadline_already_in_the_inbox_does_not_end_the_abort_that_fo
     """The commit's refusal was queued, then its timer fired before the driver stepped: the refusal starts the
     abort (under its own timer), and the stale commit Deadline lands late instead of ending that abort UNKNOWN."""
     refused = Answer(Call("commit"), Reply(Rejected(Reason.NOT_READY, "commit.not_ready")))
-    state, fired, commands = _run(settle(B, "t", 1, commit=True), Start(), refused, Deadline(Timer("commit")))
-    assert fired == ["settle.commit", "commit.refused", "settle.late_timer"] and state.phase == "ABORTING"
+    state, fired, commands = _run(settle(B, "t", commit=True), Start(), READ, refused, Deadline(Timer("commit")))
+    assert fired == ["settle.commit", "revision.read", "commit.refused", "settle.late_timer"]
+    assert state.phase == "ABORTING"
     assert Disarm(Timer("commit")) in commands and Arm(Timer("abort"), "abort") in commands
     assert not [c for c in commands if isinstance(c, Report)]
     state, fired, _ = _run(state, Deadline(Timer("abort")))
     assert fired == ["abort.deadline"] and state.phase == "DONE"
 
 
+def test_the_revision_is_read_again_after_a_loss_and_no_commit_is_sent_before_it_is_read() -> None:
+    """Rows revision.*: the commit's key names the revision it expects, so nothing is sent before the read; a read
+    never answered by the commit's deadline aborts (certainly not committed); a cancelled read leaves the attempt."""
+    state, fired, commands = _run(settle(B, "t", commit=True), Start(), Lost(Call("revision")))
+    assert fired == ["settle.commit", "revision.lost"] and state.phase == "VIEWING"
+    assert [type(c).__name__ for c in commands] == ["ReadRevision", "Arm", "ReadRevision"]
+    aborted, fired, commands = _run(state, Deadline(Timer("commit")), Answer(Call("revision"), 4))
+    assert fired == ["revision.deadline", "settle.late_reply"] and aborted.phase == "ABORTING"
+    assert [c.key for c in commands if isinstance(c, Submit)] == ["abort:t"]
+    cancelled, fired, commands = _run(state, Cancel())
+    assert fired == ["revision.cancel"] and cancelled.phase == "DONE"
+    assert commands == [Report(DriverOutcome.UNKNOWN)]
+    committing, fired, commands = _run(state, Answer(Call("revision"), 4))
+    assert fired == ["revision.read"] and committing.phase == "COMMITTING"
+    assert [c.key for c in commands if isinstance(c, Submit)] == ["commit:t:4"]
+
+
 def test_a_refused_abort_cleans_nothing() -> None:
     refused = Answer(Call("abort"), Reply(Rejected(Reason.STALE_ATTEMPT, "abort.after_commit")))
-    state, fired, commands = _run(settle(B, "t", -1, commit=False), Start(), refused)
+    state, fired, commands = _run(settle(B, "t", commit=False), Start(), refused)
     assert fired == ["settle.abort", "abort.refused"]
     assert state.phase == "DONE" and not state.engines
     assert not [c for c in commands if type(c).__name__ == "CleanupEngine"]
@@ -181,7 +202,7 @@ def test_a_refused_abort_cleans_nothing() -> None:
 def test_an_abort_cleans_exactly_what_its_answer_names() -> None:
     order = CleanupOnEngine("E1", B, "relax_policy_lora@0-B-x", "t")
     answer = Answer(Call("abort"), Reply(Aborted(B, "t", VersionState.ABORTED), (order,), ("cap-E1",)))
-    state, _fired, commands = _run(settle(B, "t", -1, commit=False), Start(), answer)
+    state, _fired, commands = _run(settle(B, "t", commit=False), Start(), answer)
     cleanups = [c for c in commands if type(c).__name__ == "CleanupEngine"]
     assert [(c.engine, c.lora_name, c.capability) for c in cleanups] == [("E1", order.lora_name, "cap-E1")]
     freed = Answer(Call("cleaned", "E1"), Reply(Recorded(B, "E1", PlacementState.CLEANED), (CapacityFreed(B),)))
@@ -349,7 +370,7 @@ _TIMERS += [Timer("bind"), Timer("close")]
 _RIDS = st.sampled_from(["r0", "r1"])
 # the restart supervisor: its read and report, and a rehydrate under the attempt token "t"
 _REHYDRATE = StageOnEngine("E0", B, "n-B", "t", 2, "d")
-_CALLS += [Call("incarnation"), Call("restarted"), Call("placement", "t"), Call("rehydrate", "t")]
+_CALLS += [Call("incarnation"), Call("restarted"), Call("placement", "t"), Call("rehydrate", "t"), Call("revision")]
 _REPLIES += [2, Reply(Restarted("E0", 2), (_REHYDRATE, _ORDERS["E0"])), Reply(Restarted("E0", 2)),
              PlacementState.READY, PlacementState.BEGUN]
 _TIMERS += [Timer("incarnation"), Timer("restarted")]
@@ -374,7 +395,7 @@ inputs = st.one_of(
     st.builds(Lost, st.sampled_from(_CALLS)),
     st.builds(Deadline, st.sampled_from(_TIMERS)),
 )
-starts = st.sampled_from([settle(B, "t", 1, commit=True), settle(B, "t", -1, commit=False), reclaim(B),
+starts = st.sampled_from([settle(B, "t", commit=True), settle(B, "t", commit=False), reclaim(B),
                           stage(B, "t", 2, _STAGES), publication(B, "d", "n-E0", 2, "reserve:B"),
                           session(_SESSION), session(_SESSION, cleanup=True), session(_SESSION, close_only=True),
                           attrs.evolve(session(_SESSION), phase="BOUND", version=B, lora_name="n-B"),

@@ -23,7 +23,8 @@ from versioned_lora.spec.drivers import DRIVER_ROWS
 LOST_AND_DEADLINE = (
     ("begin.lost", "begin.deadline"), ("prepared.lost", "prepared.deadline"), ("bucket.lost", "bucket.deadline"),
     ("end.lost", "end.deadline"), ("ready.lost", "ready.deadline"),
-    ("commit.lost", "commit.deadline"), ("abort.lost", "abort.deadline"), ("clean.lost", "clean.deadline"),
+    ("revision.lost", "revision.deadline"), ("commit.lost", "commit.deadline"), ("abort.lost", "abort.deadline"),
+    ("clean.lost", "clean.deadline"),
     ("cleaned.lost", "cleaned.deadline"), ("unknown.lost", "unknown.deadline"), ("claim.lost", "claim.deadline"),
     ("unload.lost", "unload.deadline"), ("confirm.lost", "unload.deadline"),
     # the session's registry calls (a generation's calls end by the backend's own timeout: a lost reply)

@@ -39,8 +39,8 @@ def test_adapters_implement_the_runtime_ports() -> None:
 
 def test_the_driver_executors_decide_nothing_by_state_or_reason() -> None:
     """The Reclaimer, the restart supervisor and the driver loop execute spec/drivers.py's rows: they import no
-    state or reason names (what they would compare to decide), and read no view of the registry, except the
-    supervisor where its driver commands it (`ViewPlacement`)."""
+    state or reason names (what they would compare to decide), and read no view of the registry, except where a
+    driver commands it: the supervisor's `ViewPlacement`, the driver loop's `ReadRevision` (the settle driver's)."""
     folder = Path(runtime_pkg.__file__).parent
     for name in ("reclaimer.py", "driver_loop.py", "supervisor.py"):
         path = folder / name
@@ -49,10 +49,13 @@ def test_the_driver_executors_decide_nothing_by_state_or_reason() -> None:
         source = path.read_text()
         assert "version_states" not in source, name
         reads = source.count("publication_view")
-        assert reads == (name == "supervisor.py"), (name, reads)
+        assert reads == (name != "reclaimer.py"), (name, reads)
     supervisor = (folder / "supervisor.py").read_text()
     assert "if isinstance(command, ViewPlacement):\n                view = await self.publisher.registry." \
            "publication_view()" in supervisor
+    loop = (folder / "driver_loop.py").read_text()
+    assert "if isinstance(command, ReadRevision):\n                view = await self.registry.publication_view()" \
+           in loop
 
 
 def test_the_library_side_reaches_the_engine_patch_only_over_its_wire() -> None:

@@ -138,7 +138,7 @@ def test_injected_crash_mid_staging_is_settled_by_the_table_commit_refused_then_
         publisher = Publisher(registry, engines, lambda *_: True, Deadlines(), snapshots=HeldDigests(shipped.digest))
         (outcome,) = await publisher.recover()
         assert (outcome.status, outcome.reason) == (PublishStatus.FAILED_CLEAN, "NOT_READY")
-        assert publisher.settle_loops[-1].fired[:2] == ["settle.commit", "commit.refused"]
+        assert publisher.settle_loops[-1].fired[:3] == ["settle.commit", "revision.read", "commit.refused"]
         view = await registry.publication_view()
         assert view.default is None and view.versions[version].state is VersionState.FAILED_CLEAN
         assert sorted(e.name for e in engines.values() for kind, _ in e.calls if kind == "cleanup") == ["E0", "E1"]

@@ -253,6 +253,13 @@ class ReadIncarnation:
 
 
 @attrs.frozen
+class ReadRevision:
+    """Read the registry's default revision (its publication view's): answered with the number."""
+
+    call: Call  # op: "revision"
+
+
+@attrs.frozen
 class ViewPlacement:
     """Read the registry's placement of `version` on `engine`: answered with its PlacementState."""
 
@@ -354,11 +361,13 @@ class Report:
 
 
 Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
-                    | AbortGeneration | LocalCleanup | ReadIncarnation | ViewPlacement | Rehydrate | ViewPending
-                    | TakeLease | SettleAttempt | RunStage | WaitStored)  # one I/O each (some a driver), answered
+                    | AbortGeneration | LocalCleanup | ReadIncarnation | ReadRevision | ViewPlacement | Rehydrate
+                    | ViewPending | TakeLease | SettleAttempt | RunStage | WaitStored)  # one I/O each (some a driver)
 Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
+
+UNREAD = -1  # a settle driver's expected revision before its read (an abort never reads it)
 
 
 @attrs.frozen
@@ -413,11 +422,11 @@ class SettleState:
     phase: str
     version: VersionKey
     attempt_token: str
-    expected_revision: int
     commit: bool
     engines: Map[str, CleanupEngineState] = attrs.field(factory=Map)
     reason: str | None = None  # the refusal that decided the outcome, for the caller
     fence: int = NO_FENCE  # the publisher lease's fence the commit carries (events.Commit)
+    expected_revision: int = UNREAD  # the default's revision the commit expects, once read (row revision.read)
 
 
 @attrs.frozen
@@ -556,9 +565,9 @@ def _waiting(orders: Iterable[StageOnEngine]) -> Map[str, StageEngineState]:
     return Map({o.engine: StageEngineState("WAITING", o) for o in orders})  # each waits for its first call
 
 
-def settle(version: VersionKey, attempt_token: str, expected_revision: int, *, commit: bool,
-           fence: int = NO_FENCE) -> SettleState:
-    return SettleState("IDLE", version, attempt_token, expected_revision, commit, fence=fence)
+def settle(version: VersionKey, attempt_token: str, *, commit: bool, fence: int = NO_FENCE) -> SettleState:
+    """Commit the attempt (the driver reads the revision it expects first) or abort it."""
+    return SettleState("IDLE", version, attempt_token, commit, fence=fence)
 
 
 def reclaim(version: VersionKey) -> ReclaimState:
@@ -684,6 +693,7 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "stage_timer": lambda s, sub, i: isinstance(i, Deadline) and i.timer == _stage_timer(sub, s),
     "wants_commit": lambda s, sub, i: bool(s.commit),
     "answers_commit": lambda s, sub, i: _call_op(i) == "commit",
+    "answers_revision": lambda s, sub, i: _call_op(i) == "revision" and _shaped(i, int),
     "answers_abort": lambda s, sub, i: _call_op(i) == "abort",
     "answers_claim": lambda s, sub, i: _call_op(i) == "claim",
     "answers_engine_cleanup": lambda s, sub, i: _call_op(i) == "cleanup",
@@ -882,6 +892,11 @@ def _submit_commit(s: SettleState, sub: None, i: DriverInput) -> Built:
                       commit_key(s)),)
 
 
+def _note_revision(s: SettleState, sub: None, i: DriverInput) -> Built:
+    assert isinstance(i, Answer)  # (the guard answers_revision holds: an int)
+    return attrs.evolve(s, expected_revision=int(i.value)), ()
+
+
 def _submit_abort(s: SettleState, sub: None, i: DriverInput) -> Built:
     return s, (Submit(Call("abort"), Abort(s.version, s.attempt_token), abort_key(s)),)
 
@@ -973,6 +988,8 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "submit_commit": _submit_commit,
     "submit_abort": _submit_abort,
     "arm_commit": lambda s, sub, i: (s, (Arm(Timer("commit"), "commit"),)),
+    "read_revision": lambda s, sub, i: (s, (ReadRevision(Call("revision")),)),
+    "note_revision": _note_revision,
     # The same timer (one registry call is in flight at a time), its own deadline: no-progress bounds staging
     # and the commit, not the abort that follows them.
     "arm_abort": lambda s, sub, i: (s, (Arm(Timer("abort"), "abort"),)),

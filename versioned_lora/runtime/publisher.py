@@ -504,16 +504,11 @@ class Publisher:
         self, version: VersionKey, lora_name: str | None, token: str, phases: dict[str, float], fence: int
     ) -> PublishOutcome:
         """Commit under a key derived from the attempt and the revision it expects, through the settle driver
-        (spec/drivers.py): a commit whose deadline fires (or whose caller is cancelled) is reported UNKNOWN
-        and retried under the same key until the registry answers; it is never aborted."""
-        try:
-            view = await self.registry.publication_view()
-        except RegistryUnavailable as exc:  # nothing was sent: the attempt is certainly not committed
-            status = await self.abort_and_clean(version, token, phases)
-            return PublishOutcome(status, version, reason=type(exc).__name__, lora_name=lora_name,
-                                  attempt_token=token, phases=phases, detail=str(exc))
+        (spec/drivers.py): it reads the revision the commit expects, then commits; a commit whose deadline fires (or
+        whose caller is cancelled) is reported UNKNOWN and retried under the same key until the registry answers; it
+        is never aborted. A read that never came back aborts (row revision.deadline: no commit was sent)."""
         started = time.monotonic()
-        loop = self._settle(drivers.settle(version, token, view.default_revision, commit=True, fence=fence))
+        loop = self._settle(drivers.settle(version, token, commit=True, fence=fence))
 
         async def final() -> PublishOutcome:
             report = await loop.finished()
@@ -543,7 +538,7 @@ class Publisher:
         """Abort the attempt and clean exactly what the registry's answer names, through the settle driver. A
         refused abort (the version was committed, or another attempt is live) cleans nothing; so does an abort
         whose reply is lost past its deadline (it may have landed: `recover` retries the same key)."""
-        loop = self._settle(drivers.settle(version, token, -1, commit=False))
+        loop = self._settle(drivers.settle(version, token, commit=False))
         report = await loop.finished()
         phases["cleanup"] = phases.get("cleanup", 0.0)
         if report.outcome is not DriverOutcome.FAILED_CLEAN:

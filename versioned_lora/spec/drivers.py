@@ -134,7 +134,8 @@ PHASES: dict[Driver, tuple[str, ...]] = {
     Driver.STAGE_ENGINE: ("WAITING", "BEGINNING", "PREPARING", "SENDING", "ENDING", "CHECKING", "RECORDING",
                           "READY", "FAILED"),
     # COMMIT_UNRESOLVED: the commit's outcome was reported unknown; the same commit is retried until answered.
-    Driver.SETTLE: ("IDLE", "COMMITTING", "COMMIT_UNRESOLVED", "ABORTING", "CLEANING", "DONE"),
+    # VIEWING: the default's revision, which the commit expects, read from the registry (nothing sent yet).
+    Driver.SETTLE: ("IDLE", "VIEWING", "COMMITTING", "COMMIT_UNRESOLVED", "ABORTING", "CLEANING", "DONE"),
     Driver.CLEANUP_ENGINE: ("CLEANING", "WAITING_IDLE", "RECORDING", "RECORDING_UNKNOWN", "CLEANED", "UNCONFIRMED"),
     Driver.RECLAIM: ("IDLE", "CLAIMING", "RECLAIMING", "DONE"),
     Driver.RECLAIM_ENGINE: ("UNLOADING", "CONFIRMING", "CONFIRMED", "UNCONFIRMED"),
@@ -362,9 +363,22 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     late("stage_engine.late_lost", SN, "*", I.LOST),
     late("stage_engine.late_timer", SN, "*", I.DEADLINE),
     # ================================================================ settle: commit
-    row("settle.commit", SE, "IDLE", I.START, "COMMITTING", guards=("wants_commit",),
-        commands=("submit_commit", "arm_commit"),
+    row("settle.commit", SE, "IDLE", I.START, "VIEWING", guards=("wants_commit",),
+        commands=("read_revision", "arm_commit"),
+        doc="Read the default's revision the commit will expect (one registry read, under the commit's deadline)."),
+    row("revision.read", SE, "VIEWING", I.ANSWER, "COMMITTING", guards=("answers_revision",),
+        commands=("note_revision", "submit_commit"),
         doc="Commit under a key derived from the attempt and the revision it expects."),
+    row("revision.lost", SE, "VIEWING", I.LOST, SAME, guards=("answers_revision",), commands=("read_revision",),
+        doc="Nothing was sent: read again (after the executor's pause) until the commit's deadline."),
+    late("revision.refused", SE, "VIEWING", I.REFUSAL,
+         doc="A read is answered or lost; a refusal of it is a port outside its contract (the deadline decides)."),
+    row("revision.deadline", SE, "VIEWING", I.DEADLINE, "ABORTING", commands=("submit_abort", "arm_abort"),
+        doc="No commit was ever sent: the attempt is certainly not committed; abort it and clean what the answer "
+            "names."),
+    row("revision.cancel", SE, "VIEWING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="No commit was sent: the attempt stays LOADING in the registry, as a cancelled staging leaves it "
+            "(`recover` settles it)."),
     row("settle.abort", SE, "IDLE", I.START, "ABORTING", commands=("submit_abort", "arm_abort"),
         doc="Staging failed before any commit was sent: the attempt is certainly not committed."),
     row("commit.committed", SE, "COMMITTING COMMIT_UNRESOLVED", I.ANSWER, "DONE", guards=("answers_commit",),
