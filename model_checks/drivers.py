@@ -206,6 +206,7 @@ from versioned_lora.lifecycle.drivers import (
     ViewPlacement,
     WaitStored,
     committable,
+    input_kind,
     is_done,
     keep_lease,
     publication,
@@ -738,7 +739,7 @@ class DriverSystem:
         for name, sub in subs_of(step.state).items():  # a record the registry answered is a record made
             was = subs_of(w.driver).get(name)
             if isinstance(sub, CleanupEngineState) and was is not None and was.phase == "RECORDING" and (
-                    sub.phase == "UNCONFIRMED" and isinstance(inp, Answer)):
+                    sub.phase == "UNCONFIRMED" and input_kind(inp) is Input.ANSWER):  # (a Rejected reply refuses)
                 flags.append(f"sub_state_is_true: {name}'s cleanup was recorded, and it counted UNCONFIRMED")
         for c in step.commands:
             if isinstance(c, CALLS) and not self._waits_for(step.state, c.call):
