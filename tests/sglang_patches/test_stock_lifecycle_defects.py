@@ -66,12 +66,14 @@ async def _abort_while_running(client: SGLangClient, name: str) -> None:
 async def _abort_while_queued(client: SGLangClient, name: str) -> None:
     # The KV pool holds 8192 tokens and admission reserves room for max_new_tokens, so of twelve
     # 2000-token requests about four run and the rest wait in the scheduler's queue. Aborting all of
-    # them hits queued ones too: those come back with no generated token.
+    # them hits queued ones too: those come back with no generated token. Newest first: while the running
+    # ones still hold the pool, the queued ones cannot be admitted between two aborts (oldest first, each abort
+    # of a running request freed room, and a queued one could start and emit a token before its own abort).
     rids = [uuid.uuid4().hex for _ in range(12)]
     tasks = [asyncio.create_task(client.generate(PROMPT, name, 2000, ignore_eos=True, rid=rid)) for rid in rids]
     await wait_until(lambda: _refcount_is(client, name, len(rids)))
     await asyncio.sleep(0.3)
-    for rid in rids:
+    for rid in reversed(rids):
         await client.abort_request(rid)
     generations = await asyncio.gather(*tasks)
     assert all(g.finish_reason["type"] == "abort" for g in generations)
