@@ -40,6 +40,11 @@ only) and no other row. In a crowd, what a driver counted or reported of its own
 after another process aborted it or reserved the version again; the properties that compare it with the registry's
 current version and placement (`_moved_on`, `_superseded` in drivers.py) skip those, in crowds only.
 
+What zombie_settle reaches: the same stalled publisher's settle driver commits its attempt (READY everywhere before
+the new holder aborted, cleaned and reserved B again) while the newer attempt stages and is committed. The zombie's
+commit is refused before the newer commit lands (commit.stale_attempt) and after it (commit.stale_after_commit), its
+abort that follows is refused too (abort.stale_attempt), and B is committed only under the newer attempt.
+
     python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
 
 Last line: `crowd_rows_fired=a/b core_rows_fired=c/d rows_fired=(a+c)/(b+d) states=… violations=…`.
@@ -181,12 +186,22 @@ def scenario(name: str, budget: Budget) -> Crowd:
         lanes = (Lane(stage(B, token, 1, orders[:1])), Lane(settle(B, token, commit=False)),
                  Lane(publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), 1, "reserve:B-again"), after=1))
         return _crowd(s, budget, lanes)
+    if name == "zombie_settle":  # B's first attempt was staged READY, then its publisher stalled past its lease: the
+        s.stage(B)  # new holder aborted and cleaned it and reserved B again. The zombie now commits its attempt
+        first = s.tokens[B][1]  # while the new attempt stages and, once staged, is committed by its own publisher
+        s.abort_and_clean(B)
+        s.reg, reserved, effects = CORE.step(s.reg, Reserve(B, DIGESTS[B]))
+        token = reserved.attempt_token
+        orders = tuple(e for e in effects if isinstance(e, StageOnEngine))
+        lanes = (Lane(settle(B, first, commit=True)), Lane(stage(B, token, 1, orders)),
+                 Lane(settle(B, token, commit=True), after=1))
+        return _crowd(s, budget, lanes)
     raise ValueError(f"unknown scenario {name!r}; known: {SCENARIOS}")
 
 
 DEFAULT_BUDGET = Budget()
 SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing", "rehydrate_while_generating",
-             "reclaim_while_rehydrating", "abort_while_committing", "zombie_stage")
+             "reclaim_while_rehydrating", "abort_while_committing", "zombie_stage", "zombie_settle")
 # The bounds `make test` runs (tests/model_checks/test_crowd.py).
 CROWD_BOUNDS = (  # a session's cancels as well take publish_while_bound from 111k states (35 s) to 555k (177 s)
     Budget(drops=1, dups=0, deadlines=0, cancels=0),
@@ -199,12 +214,14 @@ CHECKS = tuple((name, budget) for budget in CROWD_BOUNDS for name in SCENARIOS
                if not (name == "zombie_stage" and budget.deadlines))
 
 # Rows of drivers.CORE_ROWS_NOT_REACHED (no one-driver world reaches them) that CHECKS reach, held exact by
-# test_crowd.py: a reclaim meeting a rehydrate still staging (reclaim_while_rehydrating), and a zombie's calls
-# meeting a newer attempt or an aborted one (zombie_stage).
+# test_crowd.py: a reclaim meeting a rehydrate still staging (reclaim_while_rehydrating), a zombie's calls meeting
+# a newer attempt or an aborted one (zombie_stage), and a zombie's commit and abort of an attempt the registry has
+# replaced, before and after the newer one is committed (zombie_settle).
 REACHED_TOGETHER = frozenset({
     "reclaim.staging", "prepared.reclaiming", "begin.reclaimed",
     "begin.other_attempt", "bucket.other_attempt", "end.other_attempt", "prepared.stale_attempt",
     "ready.stale_attempt", "prepared.late", "ready.late",
+    "commit.stale_attempt", "commit.stale_after_commit", "abort.stale_attempt", "cleanup.unstarted",
 })
 
 # ---------------------------------------------------------------- the search

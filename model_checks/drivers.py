@@ -1627,8 +1627,8 @@ DEFENSIVE_ROWS = {
 # (issue 17); system.py's CHECKER_BOUNDS fire all 139 (tests/model_checks/test_checker.py). Most answer another
 # process's stale, forged or late call, or a replay (here the journal answers a retried key whose first call changed
 # the state before the registry sees it, as the registry actor's journal does). tests/model_checks/test_drivers.py
-# holds this set exact, so a scenario that reaches one of them must take it out. The crowd reaches 10 of them
-# (crowd.REACHED_TOGETHER), so 43 are reached by no driver world.
+# holds this set exact, so a scenario that reaches one of them must take it out. The crowd reaches 14 of them
+# (crowd.REACHED_TOGETHER, held exact by test_crowd.py), so 39 are reached by no driver world.
 CORE_ROWS_NOT_REACHED = frozenset({
     "reserve.other_epoch", "commit.unknown", "commit.stale_after_commit", "commit.stale_attempt",
     "commit.revision_moved", "commit.bootstrap", "abort.unknown", "abort.stale_attempt",

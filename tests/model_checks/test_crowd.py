@@ -128,3 +128,24 @@ def test_a_zombie_stage_driver_meets_the_newer_attempt_and_never_stages_over_it(
     # The zombie's begin may land before the recovery's cleanup; after the cleanup it holds nothing, so once the
     # registry placed the newer attempt no engine still stages or serves the old one.
     assert not _reached("zombie_stage", zombie_holds_e0)
+
+
+def test_a_zombie_commit_is_refused_before_and_after_the_newer_attempt_is_committed() -> None:
+    """zombie_settle: the stalled publisher commits its replaced attempt while the newer one stages and is committed.
+    Both orders are reached -- the newer attempt committed with the zombie's commit landing before it and after it
+    (refused both times, then its abort refused too) -- and B is never committed under the zombie's attempt."""
+    def newer_committed(after_the_zombie: bool) -> Callable[[Crowd], bool]:
+        def wanted(c: Crowd) -> bool:
+            version = c.shared.registry.versions[B]
+            zombie, newer = c.lanes[0], c.lanes[2]
+            return (version.state is VersionState.PUBLISHED and version.attempt_token == newer.driver.attempt_token
+                    and is_done(zombie.driver) is after_the_zombie)
+        return wanted
+
+    def committed_as_the_zombie(c: Crowd) -> bool:
+        version = c.shared.registry.versions[B]
+        return version.state is VersionState.PUBLISHED and version.attempt_token == c.lanes[0].driver.attempt_token
+
+    assert _reached("zombie_settle", newer_committed(after_the_zombie=True))
+    assert _reached("zombie_settle", newer_committed(after_the_zombie=False))
+    assert not _reached("zombie_settle", committed_as_the_zombie)
