@@ -45,6 +45,12 @@ the new holder aborted, cleaned and reserved B again) while the newer attempt st
 commit is refused before the newer commit lands (commit.stale_attempt) and after it (commit.stale_after_commit), its
 abort that follows is refused too (abort.stale_attempt), and B is committed only under the newer attempt.
 
+What zombie_epoch reaches: a process of the previous deployment epoch, still running against the next epoch's
+registry, has its reserve, PREPARED, commit, abort and claim refused (reserve.other_epoch, prepared.unknown,
+commit.unknown, abort.unknown, claim.unknown). It also shows what no property here catches: the engine accepts the
+zombie's `begin` (nothing on the engine side knows the epoch, and a begin needs no capability), and nothing ever
+cleans that stash, since the registry, which knows no such attempt, issues no cleanup for it.
+
     python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
 
 Last line: `crowd_rows_fired=a/b core_rows_fired=c/d rows_fired=(a+c)/(b+d) states=… violations=…`.
@@ -144,6 +150,14 @@ def _session_lane(script: tuple[str, ...], **options: bool) -> Lane:
 
 
 def scenario(name: str, budget: Budget) -> Crowd:
+    if name == "zombie_epoch":  # a process of the deployment's previous epoch runs on against the registry of the
+        s = _Setup(epoch=1)  # next: it publishes B, stages and settles an attempt of B it held, then reclaims A, one
+        token = "attempt@0-9"  # driver after the other; every call names an epoch-0 version and is refused
+        orders = (StageOnEngine("E0", B, lora_name(B, DIGESTS[B]), token, 1, DIGESTS[B]),)
+        lanes = (Lane(publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), 1, "reserve:B")),
+                 Lane(stage(B, token, 1, orders), after=0), Lane(settle(B, token, commit=True), after=1),
+                 Lane(reclaim(A), after=2))
+        return _crowd(s, budget, lanes)
     s = _Setup()
     s.stage(A)
     s.commit(A)
@@ -201,7 +215,7 @@ def scenario(name: str, budget: Budget) -> Crowd:
 
 DEFAULT_BUDGET = Budget()
 SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing", "rehydrate_while_generating",
-             "reclaim_while_rehydrating", "abort_while_committing", "zombie_stage", "zombie_settle")
+             "reclaim_while_rehydrating", "abort_while_committing", "zombie_stage", "zombie_settle", "zombie_epoch")
 # The bounds `make test` runs (tests/model_checks/test_crowd.py).
 CROWD_BOUNDS = (  # a session's cancels as well take publish_while_bound from 111k states (35 s) to 555k (177 s)
     Budget(drops=1, dups=0, deadlines=0, cancels=0),
@@ -216,12 +230,14 @@ CHECKS = tuple((name, budget) for budget in CROWD_BOUNDS for name in SCENARIOS
 # Rows of drivers.CORE_ROWS_NOT_REACHED (no one-driver world reaches them) that CHECKS reach, held exact by
 # test_crowd.py: a reclaim meeting a rehydrate still staging (reclaim_while_rehydrating), a zombie's calls meeting
 # a newer attempt or an aborted one (zombie_stage), and a zombie's commit and abort of an attempt the registry has
-# replaced, before and after the newer one is committed (zombie_settle).
+# replaced, before and after the newer one is committed (zombie_settle), and a previous epoch's process's calls
+# (zombie_epoch).
 REACHED_TOGETHER = frozenset({
     "reclaim.staging", "prepared.reclaiming", "begin.reclaimed",
     "begin.other_attempt", "bucket.other_attempt", "end.other_attempt", "prepared.stale_attempt",
     "ready.stale_attempt", "prepared.late", "ready.late",
     "commit.stale_attempt", "commit.stale_after_commit", "abort.stale_attempt", "cleanup.unstarted",
+    "reserve.other_epoch", "prepared.unknown", "commit.unknown", "abort.unknown", "claim.unknown",
 })
 
 # ---------------------------------------------------------------- the search
