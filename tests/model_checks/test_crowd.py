@@ -168,3 +168,26 @@ def test_a_previous_epochs_process_is_refused_at_every_registry_call() -> None:
 
     assert _reached("zombie_epoch", ended_with_nothing_changed)
     assert not _reached("zombie_epoch", registry_changed)
+
+
+def test_a_zombie_cleanup_of_its_own_attempt_never_cleans_the_newer_one() -> None:
+    """zombie_abort: the stalled publisher aborts and cleans its own attempt while the new holder has done the same
+    and staged B again. Reached: the newer attempt STAGED on both engines while the zombie's cleanup on some engine
+    was refused (its sub-machine UNCONFIRMED); never reached: an engine that cleaned the newer attempt."""
+    def staged_beside_a_refused_cleanup(c: Crowd) -> bool:
+        zombie, newer = c.lanes[0].driver, c.lanes[2]
+        return (any(r.outcome is DriverOutcome.STAGED for r in newer.reports)
+                and any(e.phase == "UNCONFIRMED" for e in zombie.engines.values()))
+
+    def newer_cleaned(c: Crowd) -> bool:
+        token = c.lanes[2].driver.attempt_token
+        return bool(token) and any(token in a.cleaned_attempts for e in c.shared.engines for a in e.adapters.values())
+
+    seen = {"staged": False, "cleaned": False}
+
+    def note(c: Crowd) -> None:  # one search for both (each is 14,096 states)
+        seen["staged"] |= staged_beside_a_refused_cleanup(c)
+        seen["cleaned"] |= newer_cleaned(c)
+
+    check("zombie_abort", Budget(drops=0, dups=0, deadlines=0, cancels=0), on_state=note)
+    assert seen == {"staged": True, "cleaned": False}
