@@ -51,10 +51,11 @@ commit.unknown, abort.unknown, claim.unknown). It also shows what no property he
 zombie's `begin` (nothing on the engine side knows the epoch, and a begin needs no capability), and nothing ever
 cleans that stash, since the registry, which knows no such attempt, issues no cleanup for it.
 
-What zombie_abort reaches: the stalled publisher aborts its own attempt (READY everywhere, never committed) while the
-new holder aborts and cleans it too and then publishes B again. The zombie's cleanup of the old attempt can reach an
-engine where the newer one is staging (cleanup.other_attempt: refused, nothing unloaded) and its receipt of that
-unknown outcome then meets the newer placement (unknown.stale_attempt: refused, the newer placement kept).
+What zombie_abort reaches: the stalled publisher aborts its own attempt (READY everywhere, but its bytes never reached
+the snapshot store, so it is never committed) while the new holder aborts and cleans it too and then publishes B
+again. The zombie's cleanup of the old attempt can reach an engine where the newer one is staging
+(cleanup.other_attempt: refused, nothing unloaded) and its receipt of that unknown outcome then meets the newer
+placement (unknown.stale_attempt: refused, the newer placement kept).
 
     python -m model_checks.crowd [--drops 1] [--dups 0] [--deadlines 0] [--cancels 0]
 
@@ -205,9 +206,9 @@ def scenario(name: str, budget: Budget) -> Crowd:
         lanes = (Lane(stage(B, token, 1, orders[:1])), Lane(settle(B, token, commit=False)),
                  Lane(publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), 1, "reserve:B-again"), after=1))
         return _crowd(s, budget, lanes)
-    if name == "zombie_abort":  # B's attempt failed to stage; its publisher, stalled past its lease, aborts it at
-        s.stage(B)  # last while the new holder aborts and cleans it too, then publishes B again: the zombie's
-        first = s.tokens[B][1]  # cleanups and receipts of the old attempt land beside the newer one
+    if name == "zombie_abort":  # B staged READY everywhere but its bytes never reached the snapshot store, so its
+        s.stage(B)  # publisher, stalled past its lease, aborts it at last while the new holder aborts and cleans it
+        first = s.tokens[B][1]  # too, then publishes B again: the zombie's cleanups land beside the newer attempt
         lanes = (Lane(settle(B, first, commit=False)), Lane(settle(B, first, commit=False)),
                  Lane(publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), 1, "reserve:B-again"), after=1))
         return _crowd(s, budget, lanes)
