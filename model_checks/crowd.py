@@ -99,7 +99,7 @@ from versioned_lora.lifecycle.drivers import (
     supervise,
 )
 from versioned_lora.lifecycle.effects import StageOnEngine
-from versioned_lora.spec.events import AcquireRequest, BindFirst, EngineStarted, OpenSession, Reserve
+from versioned_lora.spec.events import AcquireRequest, BindFirst, EngineStarted, OpenSession
 from versioned_lora.spec.identities import lora_name
 
 LANE_FIELDS = ("driver", "net", "timers", "reports", "flags", "started", "caller", "pending", "asked")
@@ -200,9 +200,8 @@ def scenario(name: str, budget: Budget) -> Crowd:
         lanes = (Lane(settle(B, token, commit=True)), Lane(settle(B, token, commit=False)))
         return _crowd(s, budget, lanes)
     if name == "zombie_stage":  # B's first attempt went to a publisher that stalled past its lease; its stage driver
-        s.reg, reserved, effects = CORE.step(s.reg, Reserve(B, DIGESTS[B]))  # runs on (a zombie) while the new
-        token = reserved.attempt_token  # holder aborts and cleans that attempt, then publishes B again: every call
-        orders = tuple(e for e in effects if isinstance(e, StageOnEngine))  # of the zombie meets a newer attempt
+        token, orders = s.reserve(B)  # runs on (a zombie) while the new holder aborts and cleans that attempt, then
+        # publishes B again: every call of the zombie meets a newer attempt
         lanes = (Lane(stage(B, token, 1, orders[:1])), Lane(settle(B, token, commit=False)),
                  Lane(publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), 1, "reserve:B-again"), after=1))
         return _crowd(s, budget, lanes)
@@ -216,9 +215,7 @@ def scenario(name: str, budget: Budget) -> Crowd:
         s.stage(B)  # new holder aborted and cleaned it and reserved B again. The zombie now commits its attempt
         first = s.tokens[B][1]  # while the new attempt stages and, once staged, is committed by its own publisher
         s.abort_and_clean(B)
-        s.reg, reserved, effects = CORE.step(s.reg, Reserve(B, DIGESTS[B]))
-        token = reserved.attempt_token
-        orders = tuple(e for e in effects if isinstance(e, StageOnEngine))
+        token, orders = s.reserve(B)
         lanes = (Lane(settle(B, first, commit=True)), Lane(stage(B, token, 1, orders)),
                  Lane(settle(B, token, commit=True), after=1))
         return _crowd(s, budget, lanes)

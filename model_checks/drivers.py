@@ -388,6 +388,12 @@ class _Setup:
         self.engs[i], result, _ = CORE.engine_step(self.engs[i], event)
         assert not isinstance(result, Rejected), (event, result)
 
+    def reserve(self, v: VersionKey) -> tuple[str, tuple[StageOnEngine, ...]]:
+        """Reserve v (nothing staged yet): its attempt token and the stage orders the registry issued with it."""
+        self.reg, reserved, effects = CORE.step(self.reg, Reserve(v, DIGESTS[v]))
+        assert not isinstance(reserved, Rejected), (v, reserved)
+        return reserved.attempt_token, tuple(e for e in effects if isinstance(e, StageOnEngine))
+
     def stage(self, v: VersionKey, ready_on: tuple[int, ...] = (0, 1)) -> None:
         reserved = self.reg_step(Reserve(v, DIGESTS[v], self.fence))
         name, token = reserved.lora_name, reserved.attempt_token
@@ -428,9 +434,8 @@ def scenario(name: str, budget: Budget) -> World:
     if name == "stage":  # publish B: reserve, then stage it on both engines
         return _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
     if name == "stage_probe_mismatch":  # B's attempt issued already (a rehydrate's start): staged, E1's probe differs
-        s.reg, reserved, effects = CORE.step(s.reg, Reserve(B, DIGESTS[B]))
-        orders = tuple(e for e in effects if isinstance(e, StageOnEngine))
-        w = _world(s, stage(B, reserved.attempt_token, BUCKETS, orders), budget)
+        token, orders = s.reserve(B)
+        w = _world(s, stage(B, token, BUCKETS, orders), budget)
         return attrs.evolve(w, bad_probes=frozenset({"E1"}))
     if name == "stage_bad_manifest":  # publish B; a bucket lands corrupted on E1: its `end` is refused (RFC §7.1)
         w = _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
