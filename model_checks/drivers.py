@@ -119,6 +119,8 @@ Properties, on every reachable world:
   from the start, landing in any order):
   renews_its_own_fence     every renewal sent names the holder and the fence it was granted, none before the grant
   report_is_true           LEASED only under a fence the registry granted
+  takes_over_only_when_told  a keeper reads the live fence and sends a take-over only when its caller asked for one
+  takes_over_what_it_read  ... and the fence it takes over is the one it read, a fence the registry granted
   lost_only_when_lost      a keeper counts its lease lost only once granted, and only while the registry no longer
                            has that fence live for it
   A publication (PUBLISH_SCENARIOS: publish B, or A again, or C at capacity; the stage and settle drivers run as one
@@ -127,6 +129,7 @@ Properties, on every reachable world:
   commits_only_what_is_stored  ... and only on the store's answer that it holds the bytes (not on a failed or late
                            write: never_commits_the_unstored holds the registry to it)
   settles_its_own_attempt  the settle names the attempt its staging reserved
+  notes_its_answers        the settle's answer is noted as the publication's outcome, and nothing else changes it
   never_commits_a_failed_staging  a version whose staging failed is never committed
   report_is_true           REJECTED and REPLAYED only as the staging's noted outcome (its executor reads it),
                            COMMITTED and FAILED_CLEAN only as the settle's noted outcome
@@ -178,6 +181,7 @@ from versioned_lora.lifecycle.drivers import (
     PendingAttempt,
     PublishState,
     ReadIncarnation,
+    ReadLiveFence,
     ReadRevision,
     ReclaimEngine,
     ReclaimEngineState,
@@ -290,7 +294,7 @@ UNBOUNDED_BY_DESIGN |= {(Driver.LEASE, "RENEWING")}
 # armed while nothing is.)
 TIMED_CALLS = {"reserve": {"reserve"}, "commit": {"revision", "commit"}, "abort": {"abort"}, "claim": {"claim"},
                "bind": {"bind"}, "close": {"begin_close", "close"}, "incarnation": {"incarnation"},
-               "restarted": {"restarted"}, "acquire": {"acquire"}}
+               "restarted": {"restarted"}, "acquire": {"live_fence", "acquire"}}
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
 ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
                 "bucket": "answers_bucket", "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready",
@@ -302,7 +306,8 @@ ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepare
                 "restarted": "answers_restarted", "placement": "answers_placement", "rehydrate": "answers_rehydrate",
                 "pending": "answers_pending", "lease": "answers_lease", "settle": "answers_settle",
                 "acquire": "answers_acquire", "renew": "answers_renew", "stage": "answers_stage",
-                "store": "answers_store", "revision": "answers_revision"}
+                "store": "answers_store", "revision": "answers_revision",
+                "live_fence": "answers_live_fence"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 ABORTED_STATES = frozenset({VersionState.ABORTED, VersionState.FAILED_CLEAN})
@@ -316,7 +321,7 @@ OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.REPLAYED, O.REJECTED, O.UNK
             LeaseState: {O.LEASED, O.STOPPED, O.REJECTED, O.UNKNOWN},
             PublishState: {O.COMMITTED, O.FAILED_CLEAN, O.REPLAYED, O.REJECTED, O.UNKNOWN}}
 CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine, ViewDispatch, SendGeneration, AbortGeneration,
-         LocalCleanup, ReadIncarnation, ReadRevision, ViewPlacement, Rehydrate, ViewPending, TakeLease,
+         LocalCleanup, ReadIncarnation, ReadRevision, ReadLiveFence, ViewPlacement, Rehydrate, ViewPending, TakeLease,
          SettleAttempt, RunStage, WaitStored)  # commands that are one call each
 LOCAL_WORK = (RunStage, WaitStored)
 
@@ -655,7 +660,7 @@ def _lease_world(name: str, budget: Budget) -> World:
         others += [("take_over", TakeOverLease(RIVAL, 1, 10.0)), ("release", ReleaseLease(RIVAL, 2))]
     else:
         s.reg_step(AcquireLease(RIVAL, 10.0))
-        keeper = keep_lease(HOLDER, 10.0, "lease:1", take_over=1)
+        keeper = keep_lease(HOLDER, 10.0, "lease:1", take_over=True)
         others += [("take_over", TakeOverLease(THIRD, 1, 10.0))]
     net = _sorted(("req", Submit(Call(op, STALE), event, f"{op}:other")) for op, event in others)
     return attrs.evolve(_world(s, keeper, budget), net=net)
@@ -768,7 +773,7 @@ class DriverSystem:
         if isinstance(step.state, RecoverState):
             flags += _recover_flags(w, step.commands)
         if isinstance(step.state, PublishState):
-            flags += _publish_flags(w, step.state, step.commands, inp)
+            flags += _publish_flags(w, w.driver, step.state, step.commands, inp)
         if is_done(step.state):  # the loop ends: its timers are cancelled, late replies land nowhere
             timers.clear()
         pending = w.pending - {c.subject for c in step.commands if isinstance(c, Report)}
@@ -815,6 +820,8 @@ class DriverSystem:
             return w, Answer(command.call, servable)
         if isinstance(command, ReadRevision):
             return w, Answer(command.call, w.registry.default_revision)
+        if isinstance(command, ReadLiveFence):  # as the publication view's lease_fence
+            return w, Answer(command.call, w.registry.lease.fence)
         if isinstance(command, ViewPlacement):
             return w, Answer(command.call, w.registry.placements[(command.version, command.engine)].state)
         if isinstance(command, Rehydrate):
@@ -1403,10 +1410,15 @@ def _recover_problems(w: World, start: World) -> list[str]:
     return out
 
 
-def _publish_flags(w: World, after: PublishState, commands: tuple[Any, ...], inp: Any) -> list[str]:
+def _publish_flags(w: World, before: PublishState, after: PublishState, commands: tuple[Any, ...],
+                   inp: Any) -> list[str]:
     """What a publication's step sent: a commit only of a staging that succeeded, and only on the store's answer
-    that it holds the bytes (a write that failed or timed out may have left nothing to rehydrate from)."""
+    that it holds the bytes (a write that failed or timed out may have left nothing to rehydrate from); and what it
+    noted: the settle's answer, as its outcome, and nothing else (its executor reads the outcome from the state)."""
     out = []
+    settled = before.phase == "SETTLING" and isinstance(inp, Answer) and inp.call.op == "settle"
+    if after.outcome is not (inp.value if settled else before.outcome):
+        out.append(f"notes_its_answers: the settle's outcome noted went {before.outcome} -> {after.outcome} on {inp}")
     for c in commands:
         if isinstance(c, SettleAttempt) and c.commit and after.stage is not DriverOutcome.STAGED:
             out.append(f"commits_only_what_is_staged: a commit sent after the staging's {after.stage}")
@@ -1455,6 +1467,15 @@ def _lease_problems(w: World) -> list[str]:
         out.append(f"report_is_true: LEASED under fence {d.fence}; the registry granted fences up to {lease.fence}")
     if d.lost and d.fence == NO_FENCE:
         out.append("lost_only_when_lost: a keeper never granted the lease counts it lost")
+    for kind, c in w.net:  # (another party's take-over, in flight from the start, is sent as STALE)
+        takes_over = isinstance(c, Submit) and c.call.engine != STALE and isinstance(c.event, TakeOverLease)
+        if kind == "req" and (takes_over or isinstance(c, ReadLiveFence)) and not d.take_over:
+            out.append(f"takes_over_only_when_told: {c} sent by a keeper told to acquire, not to take over")
+        if kind == "req" and takes_over and c.event.fence != d.live:
+            out.append(f"takes_over_what_it_read: {c.event} sent, the fence read was {d.live!r}")
+    if not isinstance(d.live, int) or (d.live != NO_FENCE and not d.take_over) or d.live > lease.fence:
+        out.append(f"takes_over_what_it_read: live fence {d.live!r} noted (take-over: {d.take_over}; the registry "
+                   f"granted fences up to {lease.fence})")
     if d.lost and (lease.holder, lease.fence) == (d.holder, d.fence):
         out.append(f"lost_only_when_lost: a renewal was refused, the registry has fence {d.fence} live for {d.holder}")
     return out
@@ -1611,6 +1632,7 @@ DRIVER_BOUNDS = (
 # following driver_loop.py produces, and change nothing or end the work REJECTED.
 DEFENSIVE_ROWS = {
     "revision.refused": "a registry read is answered or lost; a typed refusal of it is a port outside its contract",
+    "live.refused": "the same, for a take-over's read of the live lease fence",
     "clean.refused": "cleanup.other_attempt / cleanup.reclaimed: a rehydrate attempt replaced the one cleaned",
     "cleaned.refused": "cleaned.stale_attempt: a restart replaced the attempt after the engine cleaned it",
     "unknown.refused": "unknown.stale_attempt: the same, for an UNKNOWN receipt",

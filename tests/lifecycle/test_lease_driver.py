@@ -1,10 +1,10 @@
 """The lease keeper (spec/drivers.py: machine `lease`), stepped by hand.
 
-What `Publisher._keep_lease` used to decide itself, each a row now: the lease is acquired under the caller's key (or
-the fence an operator names is taken over), renewed a third of its ttl apart under a key that names the fence, and
-the keeper ends when a renewal is refused (the lease expired or was taken over) or when its caller stops it; a
-renewal whose reply is lost is asked again a period later. `model_checks/drivers.py` (scenarios `lease`,
-`lease_take_over`) runs these rows against the real registry's lease rows.
+What `Publisher._keep_lease` used to decide itself, each a row now: the lease is acquired under the caller's key (or,
+for an operator's take-over, the fence the keeper reads live is taken over), renewed a third of its ttl apart under a
+key that names the fence, and the keeper ends when a renewal is refused (the lease expired or was taken over) or when
+its caller stops it; a renewal whose reply is lost is asked again a period later. `model_checks/drivers.py` (scenarios
+`lease`, `lease_take_over`) runs these rows against the real registry's lease rows.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ from versioned_lora.lifecycle.drivers import (
     Disarm,
     LeaseState,
     Lost,
+    ReadLiveFence,
     Reply,
     Report,
     Start,
@@ -85,6 +86,24 @@ def test_an_acquire_refused_unanswered_or_abandoned_holds_nothing() -> None:
         assert commands[-1].outcome is outcome and not lease_lost(state)
 
 
-def test_a_take_over_names_the_fence_the_operator_ends() -> None:
-    _, _, commands = _run(keep_lease("cli", TTL, "lease:t", take_over=4), Start())
-    assert commands[0] == Submit(Call("acquire"), TakeOverLease("cli", 4, TTL), "lease:t")
+def test_a_take_over_reads_the_live_fence_first_and_ends_that_fence_only() -> None:
+    """The fence taken over is the one the keeper read: the view read is a command of the keeper's own rows, under
+    the acquire's deadline, retried when lost; none live (NO_FENCE read), the take-over is an ordinary acquire."""
+    read = ReadLiveFence(Call("live_fence"))
+    state, fired, commands = _run(keep_lease("cli", TTL, "lease:t", take_over=True), Start(), Lost(Call("live_fence")),
+                                  Answer(Call("live_fence"), 4))
+    assert fired == ["keeper.take_over", "live.lost", "live.read"]
+    assert commands == [read, Arm(Timer("acquire"), "reserve"), read,
+                        Submit(Call("acquire"), TakeOverLease("cli", 4, TTL), "lease:t")]
+    assert (state.phase, state.live) == ("ACQUIRING", 4)
+    _, _, commands = _run(keep_lease("cli", TTL, "lease:t", take_over=True), Start(), Answer(Call("live_fence"), 0))
+    assert commands[-1] == Submit(Call("acquire"), AcquireLease("cli", TTL), "lease:t")
+
+
+def test_a_take_over_whose_read_is_unanswered_or_abandoned_sends_nothing() -> None:
+    for inputs, row in (((Deadline(Timer("acquire")),), "live.deadline"), ((Cancel(),), "live.cancel")):
+        state, fired, commands = _run(keep_lease("cli", TTL, "lease:t", take_over=True), Start(), *inputs)
+        assert (state.phase, fired[-1]) == ("DONE", row), fired
+        assert commands[2:] == [Report(O.UNKNOWN)], commands
+        late, fired, commands = _run(state, Answer(Call("live_fence"), 4))  # the read's answer after the caller left
+        assert (late, fired, commands) == (state, ["keeper.late_reply"], [])

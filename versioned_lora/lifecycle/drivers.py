@@ -260,6 +260,14 @@ class ReadRevision:
 
 
 @attrs.frozen
+class ReadLiveFence:
+    """Read the fence of the publisher lease live now (its publication view's): answered with the number (NO_FENCE:
+    none is live)."""
+
+    call: Call  # op: "live_fence"
+
+
+@attrs.frozen
 class ViewPlacement:
     """Read the registry's placement of `version` on `engine`: answered with its PlacementState."""
 
@@ -361,7 +369,8 @@ class Report:
 
 
 Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
-                    | AbortGeneration | LocalCleanup | ReadIncarnation | ReadRevision | ViewPlacement | Rehydrate
+                    | AbortGeneration | LocalCleanup | ReadIncarnation | ReadRevision | ReadLiveFence | ViewPlacement
+                    | Rehydrate
                     | ViewPending | TakeLease | SettleAttempt | RunStage | WaitStored)  # one I/O each (some a driver)
 Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
@@ -507,14 +516,16 @@ class RecoverState:
 
 @attrs.frozen
 class LeaseState:
-    """A lease keeper: `key` is the acquire's (the caller's, one per acquisition); `take_over` the fence an operator
-    names to end now (NO_FENCE: an ordinary acquire); `fence` the one granted; `lost`: a renewal was refused."""
+    """A lease keeper: `key` is the acquire's (the caller's, one per acquisition); `take_over`: an operator's take-over
+    of whatever lease is live, whose fence the keeper reads into `live` first (NO_FENCE: none live, an ordinary
+    acquire); `fence` the one granted; `lost`: a renewal was refused."""
 
     phase: str
     holder: str
     ttl_s: float
     key: str
-    take_over: int = NO_FENCE
+    take_over: bool = False
+    live: int = NO_FENCE
     fence: int = NO_FENCE
     lost: bool = False
     reason: str | None = None
@@ -591,9 +602,9 @@ def publish(version: VersionKey, lora_name: str, fence: int = NO_FENCE) -> Publi
     return PublishState("IDLE", version, lora_name, fence)
 
 
-def keep_lease(holder: str, ttl_s: float, key: str, take_over: int = NO_FENCE) -> LeaseState:
-    """The publisher lease for `holder`, acquired under `key` (or the live fence `take_over` ended and taken), then
-    renewed until the caller cancels the keeper."""
+def keep_lease(holder: str, ttl_s: float, key: str, take_over: bool = False) -> LeaseState:
+    """The publisher lease for `holder`, acquired under `key` (`take_over`: the fence live when the keeper reads it
+    ended and taken), then renewed until the caller cancels the keeper."""
     return LeaseState("IDLE", holder, ttl_s, key, take_over)
 
 
@@ -772,6 +783,8 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "answers_acquire": lambda s, sub, i: _call_op(i) == "acquire" and (
         isinstance(_result(i), (LeaseGranted, Rejected)) or not isinstance(i, Answer)),
     "answers_renew": lambda s, sub, i: _call_op(i) == "renew",
+    "takes_over": lambda s, sub, i: s.take_over,
+    "answers_live_fence": lambda s, sub, i: _call_op(i) == "live_fence" and _shaped(i, int),
     "acquire_timer": lambda s, sub, i: _timer(i, "acquire"),
     "renew_timer": lambda s, sub, i: _timer(i, "renew"),
 }
@@ -809,8 +822,8 @@ def _owed(s: SuperviseState, i: DriverInput) -> list[StageOnEngine]:
     return [o for o in _stages(i) if o.engine == s.engine and o.attempt_token not in s.own]
 
 def _acquire_event(s: LeaseState) -> RegistryEvent:
-    if s.take_over != NO_FENCE:
-        return TakeOverLease(s.holder, s.take_over, s.ttl_s)
+    if s.live != NO_FENCE:  # (read only by a take-over: keeper.take_over)
+        return TakeOverLease(s.holder, s.live, s.ttl_s)
     return AcquireLease(s.holder, s.ttl_s)
 
 
@@ -1078,6 +1091,8 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     # ---- lease (a renewal's retry pause is its period: it is the timer "renew" again)
     "submit_acquire": lambda s, sub, i: (s, (Submit(Call("acquire"), _acquire_event(s), s.key),)),
     "arm_acquire": lambda s, sub, i: (s, (Arm(Timer("acquire"), "reserve"),)),
+    "read_live_fence": lambda s, sub, i: (s, (ReadLiveFence(Call("live_fence")),)),
+    "note_live": lambda s, sub, i: (attrs.evolve(s, live=i.value) if isinstance(i, Answer) else s, ()),
     "disarm_acquire": lambda s, sub, i: (s, (Disarm(Timer("acquire")),)),
     "note_lease": lambda s, sub, i: (attrs.evolve(s, fence=_result(i).fence), ()),
     "arm_renew": lambda s, sub, i: (s, (Arm(Timer("renew"), RENEW_PERIOD),)),

@@ -50,7 +50,6 @@ from typing import Any, TypeVar
 import attrs
 
 from versioned_lora.lifecycle import (
-    NO_FENCE,
     EngineRestarted,
     LeaseGranted,
     Rejected,
@@ -335,12 +334,12 @@ class Publisher:
     # ---- the publisher lease: a lease keeper (spec/drivers.py, machine `lease`) acquires and renews it
     async def acquire_lease(self, *, take_over: bool = False) -> LeaseGranted | Rejected:
         """Take the publisher lease, or keep it (the holder asking again renews it: lease.acquire_replay).
-        `take_over`: end the live lease at once, whoever holds it (lease.take_over), for an operator who knows
-        its holder is gone; the fence taken over is the one the registry's view shows now, so a lease that moved
-        on meanwhile is not ended (lease.take_over_moved). Nothing renews it afterwards (a publication keeps its
-        own keeper). Raises PhaseDeadlineMissed when the answer did not come within the reserve deadline."""
-        live = (await self.registry.publication_view()).lease_fence if take_over else NO_FENCE
-        keeper = self._keeper(live)
+        `take_over`: end the live lease at once, whoever holds it (lease.take_over), for an operator who knows its
+        holder is gone; the fence taken over is the one the keeper reads from the registry's view first
+        (keeper.take_over), so a lease that moved on meanwhile is not ended (lease.take_over_moved). Nothing renews it
+        afterwards (a publication keeps its own keeper). Raises PhaseDeadlineMissed when the answer did not come within
+        the reserve deadline."""
+        keeper = self._keeper(take_over)
         try:
             return await self._lease_answer(keeper)
         finally:
@@ -352,7 +351,7 @@ class Publisher:
             fence, self.fence = self.fence, None
             await self.registry.submit(ReleaseLease(self.holder, fence))
 
-    def _keeper(self, take_over: int = NO_FENCE) -> DriverLoop:
+    def _keeper(self, take_over: bool = False) -> DriverLoop:
         # A fresh key per acquisition: a retry after a lost reply is the same call; a new acquisition by the same
         # holder is answered by the holder's replay row (lease.acquire_replay).
         state = drivers.keep_lease(self.holder, self.lease_ttl_s, f"lease:{self.holder}:{uuid.uuid4().hex}",

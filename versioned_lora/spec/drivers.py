@@ -154,7 +154,7 @@ PHASES: dict[Driver, tuple[str, ...]] = {
     # LEASING: the publisher lease; SETTLING: the settle driver commits or aborts it.
     Driver.RECOVER: ("IDLE", "VIEWING", "LEASING", "SETTLING", "DONE"),
     # HOLDING: the renewal timer armed; RENEWING: a renewal in flight.
-    Driver.LEASE: ("IDLE", "ACQUIRING", "HOLDING", "RENEWING", "DONE"),
+    Driver.LEASE: ("IDLE", "VIEWING", "ACQUIRING", "HOLDING", "RENEWING", "DONE"),
     # STAGING: the stage driver runs; STORING: the bytes written beside the staging are waited for; SETTLING: the
     # settle driver commits or aborts the attempt.
     Driver.PUBLISH: ("IDLE", "STAGING", "STORING", "SETTLING", "DONE"),
@@ -763,14 +763,29 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     late("recover.late_lost", RV, "DONE", I.LOST),
     late("recover.late_cancel", RV, "DONE", I.CANCEL),
     # ================================================================ lease (one publisher at a time, RFC §3)
-    # A keeper acquires the lease (or, told to, takes over the fence an operator names) and renews it a third of its
-    # ttl apart while its caller publishes. It decides nothing about the publication: a lease lost meanwhile (expired
-    # or taken over) makes the registry itself refuse the publication's next Reserve or Commit under the old fence
-    # (reserve.no_lease, commit.no_lease). A renewal waits for its answer with no timer of its own: the lease's ttl
-    # bounds it (one answered too late is refused, lease.renew_lost), and the port's transport answers Lost.
+    # A keeper acquires the lease (or, told to, takes over the fence live when it reads it) and renews it a third of
+    # its ttl apart while its caller publishes. It decides nothing about the publication: a lease lost meanwhile
+    # (expired or taken over) makes the registry itself refuse the publication's next Reserve or Commit under the old
+    # fence (reserve.no_lease, commit.no_lease). A renewal waits for its answer with no timer of its own: the lease's
+    # ttl bounds it (one answered too late is refused, lease.renew_lost), and the port's transport answers Lost.
+    row("keeper.take_over", LS, "IDLE", I.START, "VIEWING", guards=("takes_over",),
+        commands=("read_live_fence", "arm_acquire"),
+        doc="An operator's take-over: first read the fence live now (one registry read, under the acquire's "
+            "deadline). That fence, and no later one, is ended: a lease that moves on meanwhile is not "
+            "(lease.take_over_moved)."),
     row("keeper.start", LS, "IDLE", I.START, "ACQUIRING", commands=("submit_acquire", "arm_acquire"),
-        doc="Acquire under the caller's key (the holder asking again is answered lease.acquire_replay), or take "
-            "over the fence the caller names (lease.take_over)."),
+        doc="Acquire under the caller's key (the holder asking again is answered lease.acquire_replay)."),
+    row("live.read", LS, "VIEWING", I.ANSWER, "ACQUIRING", guards=("answers_live_fence",),
+        commands=("note_live", "submit_acquire"),
+        doc="Take over the fence read (lease.take_over) under the caller's key; none live: an ordinary acquire."),
+    row("live.lost", LS, "VIEWING", I.LOST, SAME, guards=("answers_live_fence",), commands=("read_live_fence",),
+        doc="Nothing was sent: read again (after the executor's pause) until the acquire's deadline."),
+    late("live.refused", LS, "VIEWING", I.REFUSAL,
+         doc="A read is answered or lost; a refusal of it is a port outside its contract (the deadline decides)."),
+    row("live.deadline", LS, "VIEWING", I.DEADLINE, "DONE", guards=("acquire_timer",), report=O.UNKNOWN,
+        doc="No take-over was sent: the lease is as it was. The caller is told its deadline passed, as at "
+            "acquire.deadline."),
+    row("live.cancel", LS, "VIEWING", I.CANCEL, "DONE", report=O.UNKNOWN, doc="The caller gave up: nothing was sent."),
     row("acquire.granted", LS, "ACQUIRING", I.ANSWER, "HOLDING", guards=("answers_acquire",),
         commands=("disarm_acquire", "note_lease", "arm_renew"), report=O.LEASED,
         doc="The fence the publication's Reserve and Commit carry; the first renewal a third of the ttl from now."),
