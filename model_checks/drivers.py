@@ -28,6 +28,12 @@ under the incarnation the reserve named (`end` answers the engine's receipt, and
 `World.bad_probes`); the engine's reclaim call runs the adapter's ReclaimAdapter and, once drained,
 FinishUnload, and answers whether it is UNLOADED.
 
+Probes (the calls no driver here makes): at every registry and engine state a world reaches, every late, duplicated,
+stale, forged and other-epoch call that the table answers without a change (`lifecycle.enabled`'s faulty candidates,
+which system.py's kernel probes too) is sent once, and its answer and effects are checked by the step properties
+(`model_checks/step_properties.py`); they are self-loops, so they add no world. `CORE_ROWS_NOT_PROBED` is what the
+drivers' calls and the probes leave unfired together.
+
 Properties, on every reachable world:
   committed_stays_loaded   a version the registry committed and has not claimed for reclaim stays READY
                            on every engine where the registry has it READY (no cleanup, no unload)
@@ -155,7 +161,8 @@ from typing import Any
 import attrs
 from immutables import Map
 
-from versioned_lora.lifecycle import CORE, initial_engine_state, initial_state
+from model_checks.step_properties import engine_step_problems, registry_step_problems
+from versioned_lora.lifecycle import CORE, Core, initial_engine_state, initial_state
 from versioned_lora.lifecycle.drivers import (
     DRIVERS,
     MACHINE_OF,
@@ -225,6 +232,16 @@ from versioned_lora.lifecycle.drivers import (
     supervise,
 )
 from versioned_lora.lifecycle.effects import CleanupOnEngine, StageOnEngine
+from versioned_lora.lifecycle.enabled import (
+    FORGED_RECLAIM_ID,
+    STALE_TOKEN,
+    AdapterPlan,
+    EngineEventDomain,
+    EventDomain,
+    candidate_engine_events,
+    candidate_events,
+)
+from versioned_lora.lifecycle.errors import ProtocolError
 from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, DriverOutcome, Input, SessionRefusal
@@ -258,9 +275,9 @@ from versioned_lora.spec.events import (
     Reserve,
     TakeOverLease,
 )
-from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name
+from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name, reclaim_id
 from versioned_lora.spec.invariants import engine_violated, violated
-from versioned_lora.spec.model import session_state
+from versioned_lora.spec.model import RegistryState, session_state
 from versioned_lora.spec.states import AdapterState, PlacementState, VersionState
 from versioned_lora.spec.table import ROWS
 
@@ -708,20 +725,28 @@ def _sorted(items: Any) -> tuple[Any, ...]:
 
 
 class DriverSystem:
-    def __init__(self, drivers: Drivers = DRIVERS) -> None:
-        self.drivers = drivers
+    """The worlds' successors and properties. `core`: the registry's and the engines' table the worlds step (the
+    reference's, or a mutant's: which calls are probes is always the reference's say). `probes`: send them (off only
+    where nothing but the driver table differs from the reference: the probes' verdicts depend on the core alone)."""
+
+    def __init__(self, drivers: Drivers = DRIVERS, core: Core = CORE, probes: bool = True) -> None:
+        self.drivers, self.core, self.probes = drivers, core, probes
         self.fired: dict[str, int] = {}
         self.core_fired: dict[str, int] = {}  # the registry's and the engines' rows the worlds stepped through
+        self.core_probed: dict[str, int] = {}  # ... and those the probes fired (self-loops: see probe_problems)
+        # a registry or engine state probed -> (what its probes broke, the rows they fired); the reference table's
+        # verdicts are shared by every check a process runs (_PROBED)
+        self._probed: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = _PROBED if core is CORE else {}
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
 
     # ---- the registry's and an engine's table, counting the row each step fires
     def _step(self, registry: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
-        fired = CORE.step_traced(registry, event)
+        fired = self.core.step_traced(registry, event)
         self.core_fired[fired.row.id] = self.core_fired.get(fired.row.id, 0) + 1
         return fired.state, fired.result, fired.effects
 
     def _engine_step(self, engine: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
-        fired = CORE.engine_step_traced(engine, event)
+        fired = self.core.engine_step_traced(engine, event)
         self.core_fired[fired.row.id] = self.core_fired.get(fired.row.id, 0) + 1
         return fired.state, fired.result, fired.effects
 
@@ -1039,9 +1064,29 @@ class DriverSystem:
 
     # ---------------------------------------------------------------- properties
 
+    # ---- probes: what the tables answer, without a change, to a call no driver here makes
+    def probe_problems(self, state: Any) -> tuple[str, ...]:
+        """Every late, duplicated, stale, forged or other-epoch call the table answers without a change
+        (`lifecycle.enabled`'s faulty candidates, as system.py's kernel probes them), sent to one registry or engine
+        state the worlds reached: each is a self-loop, so only its row's answer and effects are checked (the step
+        properties) and its row counted (`core_probed`); under a mutant table, one that changes the state, or that no
+        row answers, is a problem too. Once per distinct state. A call whose reference row changes the state is no
+        probe: such a call is an honest one, which only a driver decides to send."""
+        if not self.probes:
+            return ()
+        got = self._probed.get(state)
+        if got is None:
+            rows: dict[str, int] = {}
+            got = self._probed[state] = tuple(_probe(state, self.core, rows)), tuple(rows)
+        problems, rows_fired = got
+        for row in rows_fired:  # (counted once per distinct state a check reaches)
+            self.core_probed[row] = self.core_probed.get(row, 0) + 1
+        return problems
+
     def problems(self, w: World, start: World) -> list[str]:
         out = [f"registry invariant: {p}" for p in violated(w.registry)]
         out += [f"engine invariant: {p}" for e in w.engines for p in engine_violated(e)]
+        out += [p for state in (w.registry, *w.engines) for p in self.probe_problems(state)]
         reg = w.registry
         for v, version in reg.versions.items():
             if version.state not in COMMITTED:
@@ -1579,6 +1624,44 @@ def stuck(w: World) -> list[str]:
     return [f"finishes: nothing can happen and the driver is {w.driver.phase}"]
 
 
+_PROBED_VERSIONS = tuple((key, DIGESTS[key]) for key in (A, B, C))
+_PROBED: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # the reference table's probes, per process
+
+
+def _probe(state: Any, core: Core, counts: dict[str, int]) -> Iterator[str]:
+    """The probes of one registry or engine state (DriverSystem.probe_problems) under `core`: count each row fired,
+    yield what its step breaks."""
+    if isinstance(state, RegistryState):
+        domain = EventDomain(_PROBED_VERSIONS, tuple(state.sessions) or (SESSION,), max_incarnation=0)
+        events: tuple[Any, ...] = candidate_events(state, domain)
+        fired_row, step, step_problems = CORE.fired_row, core.step_traced, registry_step_problems
+    else:
+        tokens = {a.attempt_token for a in state.adapters.values() if a.attempt_token} | {STALE_TOKEN}
+        plans = tuple(AdapterPlan(lora_name(k, d), d, BUCKETS) for k, d in _PROBED_VERSIONS)
+        rids = (*(reclaim_id(k) for k, _ in _PROBED_VERSIONS), FORGED_RECLAIM_ID)
+        domain_e = EngineEventDomain(plans, tuple(sorted(tokens)), rids, max_incarnation=0)
+        events = candidate_engine_events(state, domain_e)
+        fired_row, step, step_problems = CORE.engine_fired_row, core.engine_step_traced, engine_step_problems
+    for event in events:
+        try:
+            # (under the reference table its own step says which row answers: one dispatch, not two)
+            reference = step(state, event) if core is CORE else None
+            if (reference.row if reference is not None else fired_row(state, event)).changes_state:
+                continue
+        except ProtocolError:
+            continue  # not a call the reference table answers here: nobody may send it
+        try:
+            fired = reference or step(state, event)
+        except ProtocolError as exc:
+            yield f"probe {event}: {exc}"
+            continue
+        counts[fired.row.id] = counts.get(fired.row.id, 0) + 1
+        if fired.state != state:
+            yield f"probe {event}: a late, stale or forged call changed the state ({fired.row.id})"
+        for problem in step_problems(state, event, fired.state, fired.result, fired.effects):
+            yield f"probe {event}: {problem}"
+
+
 def check(name: str, budget: Budget = Budget(), drivers: Drivers = DRIVERS, system: DriverSystem | None = None,
           max_states: int = 2_000_000) -> CheckResult:
     """Breadth-first over every world reachable from the scenario; stops at the first violation."""
@@ -1594,7 +1677,8 @@ class Checked:
     budget: Budget
     result: CheckResult
     fired: dict[str, int]  # the driver table's rows
-    core_fired: frozenset[str]  # the registry's and the engines' rows
+    core_fired: frozenset[str]  # the registry's and the engines' rows the drivers' calls fired
+    core_probed: frozenset[str]  # ... and those the probes fired
 
 
 def _check_one(task: tuple[str, str, Budget]) -> Checked:
@@ -1604,7 +1688,7 @@ def _check_one(task: tuple[str, str, Budget]) -> Checked:
     checker: Callable[..., CheckResult] = check if module == "drivers" else importlib.import_module(
         f"model_checks.{module}").check
     result = checker(name, budget, system=system)
-    return Checked(budget, result, dict(system.fired), frozenset(system.core_fired))
+    return Checked(budget, result, dict(system.fired), frozenset(system.core_fired), frozenset(system.core_probed))
 
 
 def check_each(tasks: list[tuple[str, Budget]], module: str = "drivers", jobs: int | None = None) -> list[Checked]:
@@ -1653,9 +1737,10 @@ DEFENSIVE_ROWS = {
 }
 
 
-# The registry's and the engines' rows the driver checker never steps through on DRIVER_BOUNDS (51 of 139): what it
-# must still reach before it can replace model_checks/system.py's hand-written environment as the one checker
-# (issue 17); system.py's CHECKER_BOUNDS fire all 139 (tests/model_checks/test_checker.py). Most answer another
+# The registry's and the engines' rows the drivers' calls never step through on DRIVER_BOUNDS (51 of 139): what the
+# driver checker reaches only by its probes (CORE_ROWS_NOT_PROBED, below, it does not reach at all) before it can
+# replace model_checks/system.py's hand-written environment as the one checker (issue 17); system.py's CHECKER_BOUNDS
+# fire all 139 (tests/model_checks/test_checker.py). Most answer another
 # process's stale, forged or late call, or a replay (here the journal answers a retried key whose first call changed
 # the state before the registry sees it, as the registry actor's journal does). tests/model_checks/test_drivers.py
 # holds this set exact, so a scenario that reaches one of them must take it out. The crowd reaches 21 of them
@@ -1676,6 +1761,20 @@ CORE_ROWS_NOT_REACHED = frozenset({
 })
 
 
+# Of CORE_ROWS_NOT_REACHED, the rows the probes (DriverSystem.probe_problems) do not fire either on DRIVER_BOUNDS:
+# moves, which only a call makes (held exact by tests/model_checks/test_drivers.py). The probes fire the other 47:
+# every late, forged, stale, foreign and replayed call the table answers without a change, at every registry and
+# engine state the worlds reach. Two of these the crowd's drivers reach (crowd.REACHED_TOGETHER); no driver makes
+# the other two (NO_DRIVER_MAKES), so those are the rows of the table no driver world reaches.
+CORE_ROWS_NOT_PROBED = frozenset({"cleanup.unstarted", "reclaim.staging", "open.unseen", "unknown.pending"})
+NO_DRIVER_MAKES = {
+    "open.unseen": "OpenSession: a session driver binds at its first generation (BindFirst creates the session); "
+    "opening one first is the registry's API for a caller outside these drivers",
+    "unknown.pending": "RecordUnknown of an attempt still staging: a stage driver whose engine call's outcome is "
+    "unknown fails the attempt, which its settle driver aborts; only a cleanup records UNKNOWN (unknown.settled)",
+}
+
+
 def check_all(budget: Budget = Budget(), drivers: Drivers = DRIVERS,
               on_result: Callable[[CheckResult], None] | None = None) -> tuple[list[CheckResult], DriverSystem]:
     system = DriverSystem(drivers)
@@ -1688,11 +1787,13 @@ def check_all(budget: Budget = Budget(), drivers: Drivers = DRIVERS,
 
 
 def rows_line(prefix: str, system: DriverSystem) -> str:
-    """The report's rows: the driver table's and the core's (registry and engine side) this checker fired, and all
-    of them together."""
-    driver, core = len(system.fired), len(system.core_fired)
+    """The report's rows: the driver table's and the core's (registry and engine side) this checker fired, by the
+    drivers' calls or by the probes (as system.py's count, which counts its probes too), and all of them together;
+    `core_rows_by_calls`: those the drivers' calls fired."""
+    driver, calls = len(system.fired), len(system.core_fired)
+    core = len(system.core_fired.keys() | system.core_probed.keys())
     return (f"{prefix}_rows_fired={driver}/{len(DRIVER_ROWS)} core_rows_fired={core}/{len(ROWS)} "
-            f"rows_fired={driver + core}/{len(DRIVER_ROWS) + len(ROWS)}")
+            f"core_rows_by_calls={calls}/{len(ROWS)} rows_fired={driver + core}/{len(DRIVER_ROWS) + len(ROWS)}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -3,14 +3,24 @@ holds every property of the one-driver checker on every lane, and the interleavi
 checking are reached (a bind landing on either side of a commit, a claim on either side of a close, a commit
 and an abort of one attempt in either order, a zombie's calls meeting the newer attempt), so a composition that
 ran its lanes one after the other would fail here; and together the lanes reach registry and engine rows no
-one-driver world does (crowd.REACHED_TOGETHER, held exact)."""
+one-driver world does (crowd.REACHED_TOGETHER, held exact), so that with the probes every row of the table is
+reached by a driver world but those no driver makes (drivers.NO_DRIVER_MAKES)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
 from model_checks.crowd import CHECKS, REACHED_TOGETHER, Crowd, check, merge, scenario, successors, view
-from model_checks.drivers import CORE_ROWS_NOT_REACHED, A, B, Budget, DriverSystem, check_each
+from model_checks.drivers import (
+    CORE_ROWS_NOT_PROBED,
+    CORE_ROWS_NOT_REACHED,
+    NO_DRIVER_MAKES,
+    A,
+    B,
+    Budget,
+    DriverSystem,
+    check_each,
+)
 from versioned_lora.lifecycle.drivers import ReclaimState, SendGeneration, SessionState, SettleState, is_done
 from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.spec.drivers import DriverOutcome
@@ -28,6 +38,9 @@ def test_every_scenario_holds_on_every_bound() -> None:
     # exact: what is left of that list is what no driver world reaches yet.
     assert core & CORE_ROWS_NOT_REACHED == REACHED_TOGETHER, (sorted(core & CORE_ROWS_NOT_REACHED - REACHED_TOGETHER),
                                                               sorted(REACHED_TOGETHER - core))
+    # With the probes' rows (test_drivers.py), every row of the table is reached by a driver world but the moves no
+    # driver makes.
+    assert set(NO_DRIVER_MAKES) == CORE_ROWS_NOT_PROBED - REACHED_TOGETHER
 
 
 def _reached(name: str, wanted: Callable[[Crowd], bool]) -> bool:

@@ -3,7 +3,8 @@
 Every scenario under every bound of DRIVER_BOUNDS completes without a violation; together they fire
 every driver row but the listed defensive ones (and a defensive row that starts firing fails this test
 too, so the list stays true) and every registry and engine row but CORE_ROWS_NOT_REACHED (held exact
-too); a lost reply and a fired deadline are reached in every phase that waits for a call; and the fixed
+too), and every one of those but CORE_ROWS_NOT_PROBED by the probes (held exact too); a lost reply and a fired
+deadline are reached in every phase that waits for a call; and the fixed
 mutant of issue 17 (a refused abort cleans every engine) is killed by a property, not by a ProtocolError.
 """
 
@@ -15,7 +16,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-from model_checks.drivers import CORE_ROWS_NOT_REACHED, DEFENSIVE_ROWS, DRIVER_BOUNDS, SCENARIOS, check_each
+from model_checks.drivers import (
+    CORE_ROWS_NOT_PROBED,
+    CORE_ROWS_NOT_REACHED,
+    DEFENSIVE_ROWS,
+    DRIVER_BOUNDS,
+    SCENARIOS,
+    Budget,
+    DriverSystem,
+    check,
+    check_each,
+)
+from versioned_lora.lifecycle import Core
 from versioned_lora.spec import ROWS
 from versioned_lora.spec.drivers import DRIVER_ROWS
 
@@ -39,6 +51,7 @@ LOST_AND_DEADLINE = (
 def test_every_bound_holds_and_fires_every_row_but_the_defensive_ones() -> None:
     fired: dict[str, int] = {}
     core: set[str] = set()  # the registry's and the engines' rows the worlds stepped through
+    probed: set[str] = set()  # ... and those their probes fired
     for checked in check_each([(name, budget) for budget in DRIVER_BOUNDS for name in SCENARIOS]):
         result = checked.result
         assert result.violation is None, (result.scenario, checked.budget, result.violation, result.trace)
@@ -46,10 +59,21 @@ def test_every_bound_holds_and_fires_every_row_but_the_defensive_ones() -> None:
         for row, count in checked.fired.items():
             fired[row] = fired.get(row, 0) + count
         core |= checked.core_fired
+        probed |= checked.core_probed
     assert {r.id for r in DRIVER_ROWS} - fired.keys() == set(DEFENSIVE_ROWS)
-    assert {r.id for r in ROWS} - core == CORE_ROWS_NOT_REACHED  # the gap to replacing system.py, held exact
+    assert {r.id for r in ROWS} - core == CORE_ROWS_NOT_REACHED  # by the drivers' calls, held exact
+    assert CORE_ROWS_NOT_REACHED - probed == CORE_ROWS_NOT_PROBED  # ... or by a probe
     for lost, deadline in LOST_AND_DEADLINE:
         assert fired.get(lost, 0) > 0 and fired.get(deadline, 0) > 0, (lost, deadline)
+
+
+def test_a_probe_finds_a_table_that_lets_a_forged_receipt_through() -> None:
+    """The probes can fail: without the row confirm.forged, a confirm under a reclaim id nobody issued falls to
+    the rows that record a confirmation. The scenario's own calls carry the right id, so only a probe sends it."""
+    mutant = Core(tuple(row for row in ROWS if row.id != "confirm.forged"))
+    result = check("reclaim", Budget(drops=0, dups=0, deadlines=0, cancels=0), system=DriverSystem(core=mutant))
+    assert result.violation is not None and "ConfirmReclaim" in result.violation, result.violation
+    assert "a late, stale or forged call changed the state (confirm." in result.violation, result.violation
 
 
 def _mutate_drivers():  # scripts/ is not a package

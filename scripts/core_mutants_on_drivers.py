@@ -1,0 +1,83 @@
+"""Issue 17: how far the driver checker is from replacing system.py's as the checker of the core. The core mutants
+of `scripts/mutate_spec.py` (the same draw: same seed, same count) are judged by the driver checker alone: every
+one-driver scenario under each of DRIVER_BOUNDS, then every crowd check (`crowd.CHECKS`), with the mutant as the
+registry's and the engines' table the worlds step and the probes are sent to (the scenarios' starting worlds are
+built with the reference table, as each scenario states them). The first violation kills the mutant. As in
+mutate_spec.py, a ProtocolError (a pair the mutant no longer covers) counts as a kill, and any other exception is
+reported apart as `crash`, never as a kill. mutate_spec.py's own verdicts (system.py's checker and Hypothesis) are
+its committed results; this script does not repeat them.
+
+    python scripts/core_mutants_on_drivers.py --seed 1 --count 40 [--jobs J]
+
+One line per mutant, then the last line:
+    core_mutants=N driver_checker_killed=K crash_only=C survived=S seconds=T
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing
+import os
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+from model_checks import crowd
+from model_checks.drivers import DRIVER_BOUNDS, SCENARIOS, DriverSystem, check
+from versioned_lora.lifecycle import Core
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from mutate_spec import draw
+
+_MUTANTS: list[tuple[str, tuple]] = []  # drawn in the parent; forked workers inherit them
+
+
+def judge(index: int) -> tuple[str, str, str, float]:
+    """(mutant, verdict, why, seconds): verdict `killed`, `crash` or `survived`."""
+    name, rows = _MUTANTS[index]
+    started = time.perf_counter()
+    core = Core(rows)
+    checks = [("drivers", scenario, budget) for budget in DRIVER_BOUNDS for scenario in SCENARIOS]
+    checks += [("crowd", scenario, budget) for scenario, budget in crowd.CHECKS]
+    crash = ""
+    for module, scenario, budget in checks:
+        checker = check if module == "drivers" else crowd.check
+        try:
+            violation = checker(scenario, budget, system=DriverSystem(core=core)).violation
+        except Exception as exc:  # raised outside the search's own try (a property's code, a scenario's setup)
+            crash = crash or f"{module}/{scenario}: {type(exc).__name__}: {exc}"[:200]
+            continue
+        if violation is None:
+            continue
+        exception = violation.split(":", 1)[0]
+        if exception.isidentifier() and exception != "ProtocolError" and exception.endswith(("Error", "Exception")):
+            crash = crash or f"{module}/{scenario}: {violation}"[:200]
+            continue
+        return name, "killed", f"{module}/{scenario} {budget}: {violation}"[:240], time.perf_counter() - started
+    return name, "crash" if crash else "survived", crash, time.perf_counter() - started
+
+
+def main() -> int:
+    global _MUTANTS
+    p = argparse.ArgumentParser()
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--count", type=int, default=40)
+    p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one a core)")
+    ns = p.parse_args()
+    started = time.perf_counter()
+    _MUTANTS = draw(ns.seed, ns.count)
+    verdicts: list[str] = []
+    with multiprocessing.get_context("fork").Pool(max(1, ns.jobs)) as workers:
+        for name, verdict, why, seconds in workers.imap(judge, range(len(_MUTANTS))):
+            verdicts.append(verdict)
+            print(f"{verdict:<9} {seconds:7.1f}s  {name:<60} {why}", flush=True)
+    print(f"core_mutants={len(verdicts)} driver_checker_killed={verdicts.count('killed')} "
+          f"crash_only={verdicts.count('crash')} survived={verdicts.count('survived')} "
+          f"seconds={time.perf_counter() - started:.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
