@@ -162,7 +162,14 @@ import attrs
 from immutables import Map
 
 from model_checks.step_properties import engine_step_problems, registry_step_problems
-from versioned_lora.lifecycle import CORE, Core, initial_engine_state, initial_state
+from versioned_lora.lifecycle import (
+    CORE,
+    Core,
+    engine_step_violations,
+    initial_engine_state,
+    initial_state,
+    registry_step_violations,
+)
 from versioned_lora.lifecycle.drivers import (
     DRIVERS,
     MACHINE_OF,
@@ -737,17 +744,33 @@ class DriverSystem:
         # a registry or engine state probed -> (what its probes broke, the rows they fired); the reference table's
         # verdicts are shared by every check a process runs (_PROBED)
         self._probed: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = _PROBED if core is CORE else {}
+        self._fired: dict[tuple[Any, Any], tuple[Any, tuple[str, ...]]] = _FIRED if core is CORE else {}
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
 
-    # ---- the registry's and an engine's table, counting the row each step fires
+    # ---- the registry's and an engine's table, counting the row each step fires; each step is checked as
+    # system.py's kernel checks it (invariants, step invariants, the frame and the `also` moves, the step properties)
     def _step(self, registry: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
-        fired = self.core.step_traced(registry, event)
-        self.core_fired[fired.row.id] = self.core_fired.get(fired.row.id, 0) + 1
-        return fired.state, fired.result, fired.effects
+        return self._fire(registry, event)
 
     def _engine_step(self, engine: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
-        fired = self.core.engine_step_traced(engine, event)
+        return self._fire(engine, event)
+
+    def _fire(self, state: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
+        got = self._fired.get((state, event))
+        if got is None:
+            if isinstance(state, RegistryState):
+                fired = self.core.step_traced(state, event)
+                problems = (registry_step_violations(state, event, fired, self.core)
+                            + registry_step_problems(state, event, fired.state, fired.result, fired.effects))
+            else:
+                fired = self.core.engine_step_traced(state, event)
+                problems = (engine_step_violations(state, event, fired, self.core)
+                            + engine_step_problems(state, event, fired.state, fired.result, fired.effects))
+            got = self._fired[(state, event)] = fired, tuple(problems)
+        fired, problems = got
         self.core_fired[fired.row.id] = self.core_fired.get(fired.row.id, 0) + 1
+        if problems:
+            raise StepPropertyViolation(f"{event} ({fired.row.id}): {'; '.join(problems)}")
         return fired.state, fired.result, fired.effects
 
     # ---- the driver reacts to one input: its commands join the network, timers, reports
@@ -1626,6 +1649,12 @@ def stuck(w: World) -> list[str]:
 
 _PROBED_VERSIONS = tuple((key, DIGESTS[key]) for key in (A, B, C))
 _PROBED: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # the reference table's probes, per process
+_FIRED: dict[tuple[Any, Any], tuple[Any, tuple[str, ...]]] = {}  # ... and its checked steps (DriverSystem._fire)
+
+
+class StepPropertyViolation(Exception):
+    """A registry or engine step that a world's call made broke what system.py's kernel checks of every step. Raised
+    out of the successors: the search reports it at the world whose call made the step."""
 
 
 def _probe(state: Any, core: Core, counts: dict[str, int]) -> Iterator[str]:
@@ -1651,7 +1680,7 @@ def _probe(state: Any, core: Core, counts: dict[str, int]) -> Iterator[str]:
         except ProtocolError:
             continue  # not a call the reference table answers here: nobody may send it
         try:
-            fired = reference or step(state, event)
+            fired = reference if reference is not None else step(state, event)
         except ProtocolError as exc:
             yield f"probe {event}: {exc}"
             continue
@@ -1737,14 +1766,12 @@ DEFENSIVE_ROWS = {
 }
 
 
-# The registry's and the engines' rows the drivers' calls never step through on DRIVER_BOUNDS (51 of 139): what the
-# driver checker reaches only by its probes (CORE_ROWS_NOT_PROBED, below, it does not reach at all) before it can
-# replace model_checks/system.py's hand-written environment as the one checker (issue 17); system.py's CHECKER_BOUNDS
-# fire all 139 (tests/model_checks/test_checker.py). Most answer another
-# process's stale, forged or late call, or a replay (here the journal answers a retried key whose first call changed
-# the state before the registry sees it, as the registry actor's journal does). tests/model_checks/test_drivers.py
-# holds this set exact, so a scenario that reaches one of them must take it out. The crowd reaches 21 of them
-# (crowd.REACHED_TOGETHER, held exact by test_crowd.py), so 30 are reached by no driver world.
+# The registry's and the engines' rows no one-driver world's calls step through on DRIVER_BOUNDS (51 of 139;
+# system.py's CHECKER_BOUNDS fire all 139, tests/model_checks/test_checker.py). Most answer another process's stale,
+# forged or late call, or a replay (here the journal answers a retried key whose first call changed the state before
+# the registry sees it, as the registry actor's journal does). tests/model_checks/test_drivers.py holds this set exact,
+# so a scenario that reaches one of them must take it out. The crowd's calls reach 21 of them (crowd.REACHED_TOGETHER,
+# held exact by test_crowd.py), and the probes all but CORE_ROWS_NOT_PROBED (below).
 CORE_ROWS_NOT_REACHED = frozenset({
     "reserve.other_epoch", "commit.unknown", "commit.stale_after_commit", "commit.stale_attempt",
     "commit.revision_moved", "abort.unknown", "abort.stale_attempt",

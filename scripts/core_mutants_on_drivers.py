@@ -1,11 +1,12 @@
-"""Issue 17: how far the driver checker is from replacing system.py's as the checker of the core. The core mutants
-of `scripts/mutate_spec.py` (the same draw: same seed, same count) are judged by the driver checker alone: every
+"""Issue 17: how far the driver checker is from replacing system.py's as the checker of the core. The core mutants of
+`scripts/mutate_spec.py` (the same draw: same seed, same count) are judged by the driver checker alone: every
 one-driver scenario under each of DRIVER_BOUNDS, then every crowd check (`crowd.CHECKS`), with the mutant as the
-registry's and the engines' table the worlds step and the probes are sent to (the scenarios' starting worlds are
-built with the reference table, as each scenario states them). The first violation kills the mutant. As in
-mutate_spec.py, a ProtocolError (a pair the mutant no longer covers) counts as a kill, and any other exception is
-reported apart as `crash`, never as a kill. mutate_spec.py's own verdicts (system.py's checker and Hypothesis) are
-its committed results; this script does not repeat them.
+registry's and the engines' table the worlds step and the probes are sent to (the scenarios' starting worlds are built
+with the reference table, as each scenario states them). The first violation kills the mutant. As in mutate_spec.py, a
+ProtocolError (a pair the mutant no longer covers) counts as a kill, and so does a step that breaks what system.py's
+kernel checks of every step (drivers.StepPropertyViolation); any other exception is reported apart as `crash`, never as
+a kill. mutate_spec.py's own verdicts (system.py's checker and Hypothesis) are its committed results; this script does
+not repeat them.
 
     python scripts/core_mutants_on_drivers.py --seed 1 --count 40 [--jobs J]
 
@@ -51,6 +52,8 @@ def judge(index: int) -> tuple[str, str, str, float]:
             continue
         if violation is None:
             continue
+        # The search reports an exception raised by a step as "Name: message": a ProtocolError (an uncovered pair) and
+        # a StepPropertyViolation (a step's invariant, frame or step property) are property kills; others crash.
         exception = violation.split(":", 1)[0]
         if exception.isidentifier() and exception != "ProtocolError" and exception.endswith(("Error", "Exception")):
             crash = crash or f"{module}/{scenario}: {violation}"[:200]

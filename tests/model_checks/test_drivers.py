@@ -86,8 +86,11 @@ def _mutate_drivers():  # scripts/ is not a package
 
 
 def test_the_refused_abort_fallback_is_killed_by_a_property() -> None:
+    """On the scenario that states the bug (an abort answered after the commit), under each bound; the seed run
+    below runs this mutant through every check too."""
     mutate = _mutate_drivers()
-    verdict, detail = mutate.run(mutate.refused_abort_cleans())
+    order = tuple((b, "abort_after_commit") for b in range(len(DRIVER_BOUNDS)))
+    verdict, detail = mutate.run(mutate.refused_abort_cleans(), order)
     assert verdict == "killed", detail
     assert "committed_stays_loaded" in detail  # the data loss itself: a committed default unloaded
 

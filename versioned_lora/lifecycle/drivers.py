@@ -368,10 +368,10 @@ class Report:
     subject: str = ""  # a session's: "bind", "finish" or a request id (whose caller it answers); else ""
 
 
+# The calls: one I/O each (some run a driver of their own).
 Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
                     | AbortGeneration | LocalCleanup | ReadIncarnation | ReadRevision | ReadLiveFence | ViewPlacement
-                    | Rehydrate
-                    | ViewPending | TakeLease | SettleAttempt | RunStage | WaitStored)  # one I/O each (some a driver)
+                    | Rehydrate | ViewPending | TakeLease | SettleAttempt | RunStage | WaitStored)
 Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
