@@ -16,6 +16,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import attrs
+
 from model_checks.drivers import (
     CORE_ROWS_NOT_PROBED,
     CORE_ROWS_NOT_REACHED,
@@ -74,6 +76,24 @@ def test_a_probe_finds_a_table_that_lets_a_forged_receipt_through() -> None:
     result = check("reclaim", Budget(drops=0, dups=0, deadlines=0, cancels=0), system=DriverSystem(core=mutant))
     assert result.violation is not None and "ConfirmReclaim" in result.violation, result.violation
     assert "a late, stale or forged call changed the state (confirm." in result.violation, result.violation
+
+
+def test_the_core_mutant_script_kills_by_a_property_and_not_by_a_crash() -> None:
+    """scripts/core_mutants_on_drivers.py's verdicts on two core mutants its first check stops: a deleted row (the
+    uncovered pair's ProtocolError is a kill) and an engine that takes any bucket index (a probe's finding: a stale
+    bucket moves the state)."""
+    script = Path(__file__).resolve().parents[2] / "scripts" / "core_mutants_on_drivers.py"
+    spec = importlib.util.spec_from_file_location("core_mutants_on_drivers", script)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    any_bucket = tuple(attrs.evolve(row, guards=tuple(g for g in row.guards if g != "bucket_is_next"))
+                       if row.id == "bucket.next" else row for row in ROWS)
+    module._MUTANTS = [("delete_row reserve.new", tuple(row for row in ROWS if row.id != "reserve.new")),
+                       ("drop_guard bucket.next -bucket_is_next", any_bucket)]
+    deleted, stale = module.judge(0), module.judge(1)
+    assert deleted[1] == "killed" and "ProtocolError: no row covers Reserve" in deleted[2], deleted
+    assert stale[1] == "killed" and ": probe ReceiveBucket(" in stale[2], stale
 
 
 def _mutate_drivers():  # scripts/ is not a package
