@@ -78,15 +78,20 @@ def test_a_probe_finds_a_table_that_lets_a_forged_receipt_through() -> None:
     assert "a late, stale or forged call changed the state (confirm." in result.violation, result.violation
 
 
+def _script(name: str):  # scripts/ is not a package
+    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def test_the_core_mutant_script_kills_by_a_property_and_not_by_a_crash() -> None:
     """scripts/core_mutants_on_drivers.py's verdicts on two core mutants its first check stops: a deleted row (the
     uncovered pair's ProtocolError is a kill) and an engine that takes any bucket index (a probe's finding: a stale
     bucket moves the state)."""
-    script = Path(__file__).resolve().parents[2] / "scripts" / "core_mutants_on_drivers.py"
-    spec = importlib.util.spec_from_file_location("core_mutants_on_drivers", script)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+    module = _script("core_mutants_on_drivers")
     any_bucket = tuple(attrs.evolve(row, guards=tuple(g for g in row.guards if g != "bucket_is_next"))
                        if row.id == "bucket.next" else row for row in ROWS)
     module._MUTANTS = [("delete_row reserve.new", tuple(row for row in ROWS if row.id != "reserve.new")),
@@ -96,19 +101,10 @@ def test_the_core_mutant_script_kills_by_a_property_and_not_by_a_crash() -> None
     assert stale[1] == "killed" and ": probe ReceiveBucket(" in stale[2], stale
 
 
-def _mutate_drivers():  # scripts/ is not a package
-    path = Path(__file__).resolve().parents[2] / "scripts" / "mutate_drivers.py"
-    spec = importlib.util.spec_from_file_location("mutate_drivers", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 def test_the_refused_abort_fallback_is_killed_by_a_property() -> None:
     """On the scenario that states the bug (an abort answered after the commit), under each bound; the seed run
-    below runs this mutant through every check too."""
-    mutate = _mutate_drivers()
+    below judges this mutant too, with the rest of its sample."""
+    mutate = _script("mutate_drivers")
     order = tuple((b, "abort_after_commit") for b in range(len(DRIVER_BOUNDS)))
     verdict, detail = mutate.run(mutate.refused_abort_cleans(), order)
     assert verdict == "killed", detail
