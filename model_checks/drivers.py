@@ -744,7 +744,7 @@ class DriverSystem:
         # a registry or engine state probed -> (what its probes broke, the rows they fired); the reference table's
         # verdicts are shared by every check a process runs (_PROBED)
         self._probed: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = _PROBED if core is CORE else {}
-        self._fired: dict[tuple[Any, Any], tuple[Any, tuple[str, ...]]] = _FIRED if core is CORE else {}
+        self._fired: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = _FIRED if core is CORE else {}
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
 
     # ---- the registry's and an engine's table, counting the row each step fires; each step is checked as
@@ -766,12 +766,15 @@ class DriverSystem:
                 fired = self.core.engine_step_traced(state, event)
                 problems = (engine_step_violations(state, event, fired, self.core)
                             + engine_step_problems(state, event, fired.state, fired.result, fired.effects))
-            got = self._fired[(state, event)] = fired, tuple(problems)
-        fired, problems = got
+            got = self._fired[(state, event)] = fired, tuple(problems), fired.state is state
+        fired, problems, unchanged = got
         self.core_fired[fired.row.id] = self.core_fired.get(fired.row.id, 0) + 1
         if problems:
             raise StepPropertyViolation(f"{event} ({fired.row.id}): {'; '.join(problems)}")
-        return fired.state, fired.result, fired.effects
+        # A step that changed nothing hands back the caller's own state object, as the table does: `_serve` journals
+        # a call only when the state is another object (as RegistryCore does). The cache is keyed by equality, so its
+        # entry may hold an equal state made by another world, which must not pass for a change.
+        return (state if unchanged else fired.state), fired.result, fired.effects
 
     # ---- the driver reacts to one input: its commands join the network, timers, reports
     def _feed(self, w: World, inp: Any) -> tuple[World, tuple[str, ...]]:
@@ -1649,7 +1652,7 @@ def stuck(w: World) -> list[str]:
 
 _PROBED_VERSIONS = tuple((key, DIGESTS[key]) for key in (A, B, C))
 _PROBED: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # the reference table's probes, per process
-_FIRED: dict[tuple[Any, Any], tuple[Any, tuple[str, ...]]] = {}  # ... and its checked steps (DriverSystem._fire)
+_FIRED: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = {}  # ... and its checked steps (DriverSystem._fire)
 
 
 class StepPropertyViolation(Exception):

@@ -78,6 +78,18 @@ def test_a_probe_finds_a_table_that_lets_a_forged_receipt_through() -> None:
     assert "a late, stale or forged call changed the state (confirm." in result.violation, result.violation
 
 
+def test_a_check_reaches_the_same_worlds_whatever_ran_before_it_in_the_process() -> None:
+    """The process's cache of checked steps (DriverSystem._fire, keyed by equal states) changes no verdict and no
+    world: abort after commit_not_ready once reached 3,286 worlds against 3,097 alone, because a cached step that
+    changed nothing handed back another world's equal registry, which the journal took for a change."""
+    budget = DRIVER_BOUNDS[1]
+    alone = check("abort", budget, system=DriverSystem(core=Core(ROWS)))  # a Core that is not CORE: a cache of its own
+    check("commit_not_ready", budget)  # fills the process's shared cache
+    after = check("abort", budget)
+    assert alone.violation is None and after.violation is None
+    assert after.states == alone.states == 3097, (after.states, alone.states)
+
+
 def _script(name: str):  # scripts/ is not a package
     path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
     spec = importlib.util.spec_from_file_location(name, path)
