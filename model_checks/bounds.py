@@ -76,15 +76,16 @@ RECLAIM_WHILE_REHYDRATING = Bounds(engines=1, versions=2, sessions=1, drops=0, d
 LEASE_FAULTS = Bounds(engines=1, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=0, bootstrapped=True,
                       lease_faults=2, concurrent_jobs=True)
 
-# The checker's suite of complete bounds (the mutation script runs every mutant through each, and
-# together they fire every row of the reference table: test_checker.py): the publication/reclaim path
-# with a lost message, the abort path, an engine crash while A is served (restart, rehydrate), a drain
-# with two requests, and a reclaim that meets a rehydrate still staging. Every one runs the engine jobs of
-# a driver concurrently, as the runtime does (the Publisher stages, cleans and the Reclaimer unloads on every
-# engine at once): the E0 and E1 pipelines interleave freely. Distinct states, serial jobs -> concurrent
-# (model_checks/results/2026-12-04-concurrent-jobs.txt): 41,431 -> 178,579; 47,424 -> 378,076; 16 -> 16;
-# 10,009 -> 10,009; 21,702 -> 23,577; 22,871 -> 59,642 (depth 28); 31,275 -> 31,275.
-CHECKER_BOUNDS = (
+# The composed system's suite of complete bounds, for system.py's hand-written environment (the checker's own suite,
+# CHECKER_BOUNDS, steps the real driver machines: model_checks/suite.py). scripts/mutate_spec.py runs every core mutant
+# through each, and together they fire every row of the reference table (test_checker.py): the publication/reclaim path
+# with a lost message, the abort path, an engine crash while A is served (restart, rehydrate), a drain with two
+# requests, and a reclaim that meets a rehydrate still staging. Every one runs the engine jobs of a driver
+# concurrently, as the runtime does (the Publisher stages, cleans and the Reclaimer unloads on every engine at once):
+# the E0 and E1 pipelines interleave freely. Distinct states, serial jobs -> concurrent
+# (model_checks/results/2026-12-04-concurrent-jobs.txt): 41,431 -> 178,579; 47,424 -> 378,076; 16 -> 16; 10,009 ->
+# 10,009; 21,702 -> 23,577; 22,871 -> 59,642 (depth 28); 31,275 -> 31,275.
+SYSTEM_BOUNDS = (
     Bounds(engines=2, versions=3, sessions=1, drops=1, dups=0, crashes=0, failures=0, bootstrapped=True,
            concurrent_jobs=True),
     Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=1, bootstrapped=True,
@@ -105,15 +106,3 @@ CHECKER_BOUNDS = (
     # and reserve of a publisher that lost its lease refused (31,275 states, about 3 s compiled)
     LEASE_FAULTS,
 )
-
-# The same system at three engines (issue 22): each of CHECKER_BOUNDS' two-engine bounds with a third engine,
-# so every row the two-engine bounds fire is fired again where a quorum, a reclaim and a rehydrate span three
-# engines (tests/model_checks/test_three_engines.py). Complete, about 10 s together with the compiled checker
-# (99,313 + 161,482 + 23 distinct states). One bound that joins them (three versions, a drop, a failure and a
-# crash at once) does not finish in minutes even at two engines, so the suite keeps them apart as the
-# two-engine suite does.
-# At three engines the jobs stay one at a time: with concurrent jobs the first bound reaches 2,361,398 distinct
-# states (51 s) and the second had not finished after 2 min 51 s (1.5 GB) when stopped, against 99,313 and
-# 161,482 serial (model_checks/results/2026-12-04-concurrent-jobs.txt).
-THREE_ENGINE_BOUNDS = tuple(attrs.evolve(bounds, engines=3, concurrent_jobs=False) for bounds in CHECKER_BOUNDS
-                            if bounds.engines == 2)

@@ -83,6 +83,8 @@ from model_checks.drivers import (
     World,
     _Setup,
     _world,
+    fair,
+    owed,
     rows_line,
     search,
     stuck,
@@ -255,6 +257,10 @@ REACHED_TOGETHER = frozenset({
     "cleanup.other_attempt", "unknown.stale_attempt",
 })
 
+# Defensive driver rows (drivers.DEFENSIVE_ROWS: no one-driver world fires them) that a crowd fires: zombie_abort's
+# cleanup of its own attempt refused on an engine where the newer attempt stages, and its UNKNOWN receipt refused.
+DEFENSIVE_REACHED = frozenset({"clean.refused", "unknown.refused"})
+
 # ---------------------------------------------------------------- the search
 
 
@@ -278,6 +284,11 @@ def _stuck(c: Crowd) -> list[str]:
     return [f"L{i} {p}" for i in range(len(c.lanes)) for p in stuck(view(c, i))]
 
 
+def _owed(c: Crowd) -> frozenset[str]:
+    """What a crowd still owes (liveness): what each lane, as a one-driver world, owes."""
+    return frozenset(f"L{i} {x}" for i in range(len(c.lanes)) for x in owed(view(c, i)))
+
+
 def check(name: str, budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS, system: DriverSystem | None = None,
           max_states: int = 2_000_000, on_state: Callable[[Crowd], None] | None = None) -> CheckResult:
     """Breadth-first over every crowd reachable from the scenario (each handed to `on_state`, if given); stops at
@@ -285,7 +296,7 @@ def check(name: str, budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS
     system = system or DriverSystem(drivers)
     start = scenario(name, budget)
     return search(name, start, lambda c: successors(system, c), lambda c: problems(system, c, start), _stuck,
-                  max_states, on_state)
+                  max_states, on_state, fair=lambda label: fair(label.partition(" ")[2]), owed=_owed)
 
 
 def check_all(budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS,

@@ -34,7 +34,7 @@ from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
 from model_checks.bfs import check
-from model_checks.bounds import CHECKER_BOUNDS, Bounds
+from model_checks.bounds import SYSTEM_BOUNDS, Bounds
 from model_checks.liveness import check_liveness
 from model_checks.stateful import PropertyViolation, build_machine
 from model_checks.system import System
@@ -43,7 +43,7 @@ from versioned_lora.spec import ROWS
 from versioned_lora.spec.states import SAME, wildcard_states
 
 OPERATORS = ("drop_guard", "swap_target", "delete_row", "drop_effect", "drop_update")
-# Safety: model_checks.bounds.CHECKER_BOUNDS (together they fire every row of the reference table);
+# Safety: model_checks.bounds.SYSTEM_BOUNDS (together they fire every row of the reference table);
 # liveness: the abort path.
 LIVENESS_BOUNDS = Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=1, bootstrapped=True)
 # Hand verdicts: mutant description -> why it cannot change any observable behaviour (state, answer,
@@ -101,12 +101,12 @@ def _describe(exc: BaseException) -> str:
 
 
 def checker_verdict(core: Core) -> tuple[Verdict, str]:
-    """A violation found by the safety BFS over any of CHECKER_BOUNDS or by liveness is a property
+    """A violation found by the safety BFS over any of SYSTEM_BOUNDS or by liveness is a property
     kill. An exception escaping the checker on some bounds (e.g. an assert inside an update that
     the mutant reached, or a bootstrap that finds no clean move) does not stop the other bounds; it
     is the verdict only when no bounds find a violation."""
     crash = ""
-    for bounds in CHECKER_BOUNDS:
+    for bounds in SYSTEM_BOUNDS:
         try:
             violation = check(System(bounds, core)).violation
         except Exception as exc:

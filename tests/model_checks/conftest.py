@@ -1,4 +1,6 @@
-"""The model checks run without the coverage tracer (pytest-cov's `no_cover` marker on every test here).
+"""The model checks run without the coverage tracer (pytest-cov's `no_cover` marker on every test here), and the
+checker's suite (model_checks/suite.py, CHECKER_BOUNDS) is run once per session (`checked`) for every test that reads
+its verdicts (test_suite.py, test_drivers.py, test_crowd.py).
 
 `make test` measures the pure core's coverage (scripts/test.sh: 100% statement and branch of
 versioned_lora/lifecycle), and tests/lifecycle alone reaches it. The checkers call the core's step
@@ -13,6 +15,9 @@ from pathlib import Path
 
 import pytest
 
+from model_checks import suite
+from model_checks.drivers import Checked
+
 HERE = Path(__file__).resolve().parent
 
 
@@ -20,3 +25,9 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if HERE in Path(item.path).resolve().parents:
             item.add_marker(pytest.mark.no_cover)
+
+
+@pytest.fixture(scope="session")
+def checked() -> dict[tuple[str, str, object], Checked]:
+    """Each entry of CHECKER_BOUNDS, checked (on a worker a core): entry -> its verdict and the rows it fired."""
+    return dict(zip(suite.CHECKER_BOUNDS, suite.run(), strict=True))

@@ -10,7 +10,7 @@ import pytest
 
 from model_checks import trace as traces
 from model_checks.bfs import check
-from model_checks.bounds import CHECKER_BOUNDS, RECLAIM_WHILE_REHYDRATING, Bounds
+from model_checks.bounds import RECLAIM_WHILE_REHYDRATING, SYSTEM_BOUNDS, Bounds
 from model_checks.liveness import check_liveness
 from model_checks.report import SUMMARY_PREFIX, report_lines, rows_fired
 from model_checks.simulate import simulate
@@ -37,7 +37,7 @@ def test_the_checker_bounds_together_fire_every_row_of_the_table() -> None:
     """100% of the table's rows fire in the checker: no single small bound reaches them all (the most
     is 120 of 125), the suite the mutation script uses does, each row on at least one bound."""
     never: set[str] | None = None
-    for bounds in CHECKER_BOUNDS:
+    for bounds in SYSTEM_BOUNDS:
         system = System(bounds)
         assert check(system).violation is None
         missed = set(rows_fired(system)[2])

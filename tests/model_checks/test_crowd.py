@@ -18,22 +18,23 @@ from model_checks.drivers import (
     A,
     B,
     Budget,
+    Checked,
     DriverSystem,
-    check_each,
 )
+from model_checks.suite import Entry
 from versioned_lora.lifecycle.drivers import ReclaimState, SendGeneration, SessionState, SettleState, is_done
 from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.spec.drivers import DriverOutcome
 from versioned_lora.spec.states import VersionState
 
 
-def test_every_scenario_holds_on_every_bound() -> None:
+def test_every_scenario_holds_on_every_bound(checked: dict[Entry, Checked]) -> None:
     core: set[str] = set()
-    for checked in check_each(list(CHECKS), module="crowd"):
-        result = checked.result
-        assert result.violation is None, (result.scenario, checked.budget, result.violation, result.trace)
+    for name, budget in CHECKS:
+        result = checked[("crowd", name, budget)].result
+        assert result.violation is None, (name, budget, result.violation, result.trace)
         assert result.states > 50  # the smallest, zombie_epoch (four drivers one after the other): 67 under a loss
-        core |= checked.core_fired
+        core |= checked[("crowd", name, budget)].core_fired
     # Rows no one-driver world reaches (drivers.CORE_ROWS_NOT_REACHED) that the real drivers reach together, held
     # exact: what is left of that list is what no driver world reaches yet.
     assert core & CORE_ROWS_NOT_REACHED == REACHED_TOGETHER, (sorted(core & CORE_ROWS_NOT_REACHED - REACHED_TOGETHER),

@@ -4,7 +4,7 @@ Every scenario under every bound of DRIVER_BOUNDS completes without a violation;
 every driver row but the listed defensive ones (and a defensive row that starts firing fails this test
 too, so the list stays true) and every registry and engine row but CORE_ROWS_NOT_REACHED (held exact
 too), and every one of those but CORE_ROWS_NOT_PROBED by the probes (held exact too); a lost reply and a fired
-deadline are reached in every phase that waits for a call; and the fixed
+deadline are reached in every phase that waits for a call; liveness can fail where safety does not; and the fixed
 mutant of issue 17 (a refused abort cleans every engine) is killed by a property, not by a ProtocolError.
 """
 
@@ -25,11 +25,16 @@ from model_checks.drivers import (
     DRIVER_BOUNDS,
     SCENARIOS,
     Budget,
+    Checked,
     DriverSystem,
     check,
-    check_each,
+    scenario,
+    search,
+    stuck,
 )
+from model_checks.suite import Entry
 from versioned_lora.lifecycle import Core
+from versioned_lora.lifecycle.drivers import Drivers
 from versioned_lora.spec import ROWS
 from versioned_lora.spec.drivers import DRIVER_ROWS
 
@@ -50,18 +55,18 @@ LOST_AND_DEADLINE = (
 )
 
 
-def test_every_bound_holds_and_fires_every_row_but_the_defensive_ones() -> None:
+def test_every_bound_holds_and_fires_every_row_but_the_defensive_ones(checked: dict[Entry, Checked]) -> None:
     fired: dict[str, int] = {}
     core: set[str] = set()  # the registry's and the engines' rows the worlds stepped through
     probed: set[str] = set()  # ... and those their probes fired
-    for checked in check_each([(name, budget) for budget in DRIVER_BOUNDS for name in SCENARIOS]):
-        result = checked.result
-        assert result.violation is None, (result.scenario, checked.budget, result.violation, result.trace)
+    for entry in [("drivers", name, budget) for budget in DRIVER_BOUNDS for name in SCENARIOS]:
+        result = checked[entry].result
+        assert result.violation is None, (entry, result.violation, result.trace)
         assert result.states > 1
-        for row, count in checked.fired.items():
+        for row, count in checked[entry].fired.items():
             fired[row] = fired.get(row, 0) + count
-        core |= checked.core_fired
-        probed |= checked.core_probed
+        core |= checked[entry].core_fired
+        probed |= checked[entry].core_probed
     assert {r.id for r in DRIVER_ROWS} - fired.keys() == set(DEFENSIVE_ROWS)
     assert {r.id for r in ROWS} - core == CORE_ROWS_NOT_REACHED  # by the drivers' calls, held exact
     assert CORE_ROWS_NOT_REACHED - probed == CORE_ROWS_NOT_PROBED  # ... or by a probe
@@ -76,6 +81,21 @@ def test_a_probe_finds_a_table_that_lets_a_forged_receipt_through() -> None:
     result = check("reclaim", Budget(drops=0, dups=0, deadlines=0, cancels=0), system=DriverSystem(core=mutant))
     assert result.violation is not None and "ConfirmReclaim" in result.violation, result.violation
     assert "a late, stale or forged call changed the state (confirm." in result.violation, result.violation
+
+
+def test_liveness_finds_a_poll_that_never_ends() -> None:
+    """Liveness can fail where no safety property does: with unload.done moved after unload.draining, every answer
+    of the engine's reclaim, UNLOADED too, is taken for "still draining" and the unload is asked again. No state is
+    wrong and none is stuck; the reclaim just never ends, in a cycle a weakly fair run can stay in (its deadline
+    fires there only early, a fault)."""
+    rows = tuple(row for row in DRIVER_ROWS if row.id != "unload.done")
+    mutant = Drivers(rows + tuple(row for row in DRIVER_ROWS if row.id == "unload.done"))
+    budget = Budget(drops=0, dups=0, deadlines=0, cancels=0)
+    result = check("reclaim", budget, mutant, DriverSystem(mutant, probes=False))
+    assert result.violation is not None and result.violation.startswith("liveness: its end and report owed forever")
+    system = DriverSystem(mutant, probes=False)
+    start = scenario("reclaim", budget)
+    assert search("reclaim", start, system.successors, lambda w: system.problems(w, start), stuck).violation is None
 
 
 def test_a_check_reaches_the_same_worlds_whatever_ran_before_it_in_the_process() -> None:

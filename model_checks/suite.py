@@ -1,0 +1,87 @@
+"""The checker's suite, CHECKER_BOUNDS: every entry steps the real driver machines.
+
+An entry is (module, scenario, budget): `drivers` for a world of one driver (model_checks/drivers.py) on two engines
+(DRIVER_BOUNDS) or three (THREE_ENGINE_BOUNDS), `crowd` for several drivers in one world (model_checks/crowd.py).
+Either way a world runs the very rows `runtime/driver_loop.py` executes (`lifecycle.drivers`, the table of
+spec/drivers.py) against the real registry and engine tables (`lifecycle.CORE`), over a network that loses,
+duplicates and reorders, with deadlines that fire early, callers that cancel, engines that restart and requests that
+end, each a finite budget. Each check searches every world it reaches for a safety violation, and then its graph for
+a cycle a weakly fair run can stay in while something is owed (liveness, fairness.py).
+
+Together the entries fire every row of every table but the driver table's DEFENSIVE_ROWS (less those a crowd fires)
+and the registry's NO_DRIVER_MAKES: the registry's and the engines' rows by the drivers' calls or by the probes
+(tests/model_checks/test_suite.py holds both lists exact).
+
+    python -m model_checks.suite [--jobs J]     one line per check, then the report line
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Sequence
+
+from model_checks import crowd
+from model_checks.drivers import DRIVER_BOUNDS, SCENARIOS, THREE_ENGINE_BOUNDS, Budget, Checked, check_entries
+from versioned_lora.spec.drivers import DRIVER_ROWS
+from versioned_lora.spec.table import ROWS
+
+Entry = tuple[str, str, Budget]
+
+CHECKER_BOUNDS: tuple[Entry, ...] = (
+    *(("drivers", name, budget) for budget in (*DRIVER_BOUNDS, *THREE_ENGINE_BOUNDS) for name in SCENARIOS),
+    *(("crowd", name, budget) for name, budget in crowd.CHECKS),
+)
+
+
+def run(entries: Sequence[Entry] = CHECKER_BOUNDS, jobs: int | None = None) -> list[Checked]:
+    """Every entry checked (in order, on `jobs` worker processes: default one a core)."""
+    return check_entries(entries, jobs)
+
+
+def rows_fired(checked: Sequence[Checked]) -> tuple[set[str], set[str], set[str]]:
+    """The driver table's rows the checks fired; the registry's and the engines' rows the drivers' calls fired; and
+    those the probes fired."""
+    driver: set[str] = set()
+    calls: set[str] = set()
+    probed: set[str] = set()
+    for c in checked:
+        driver |= c.fired.keys()
+        calls |= c.core_fired
+        probed |= c.core_probed
+    return driver, calls, probed
+
+
+def report_line(checked: Sequence[Checked]) -> str:
+    """The suite's one line: how many checks and worlds, the rows fired of every table (`core_rows_by_calls`: those
+    the drivers' calls fired, without the probes), the violations, the slowest check, and the worlds checked per
+    second of checking (each check's own time: the workers' sum, not the wall time)."""
+    driver, calls, probed = rows_fired(checked)
+    core = calls | probed
+    slowest = max(checked, key=lambda c: c.result.seconds)
+    states = sum(c.result.states for c in checked)
+    per_s = states / max(sum(c.result.seconds for c in checked), 1e-9)
+    return (f"checker checks={len(checked)} states={states} "
+            f"driver_rows_fired={len(driver)}/{len(DRIVER_ROWS)} core_rows_fired={len(core)}/{len(ROWS)} "
+            f"core_rows_by_calls={len(calls)}/{len(ROWS)} rows_fired={len(driver) + len(core)}/"
+            f"{len(DRIVER_ROWS) + len(ROWS)} violations={sum(1 for c in checked if c.result.violation)} "
+            f"slowest={slowest.result.scenario}:{slowest.result.seconds:.1f}s states_per_s={per_s:.0f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description="Model-check the driver machines on every entry of CHECKER_BOUNDS.")
+    parser.add_argument("--jobs", type=int, default=None, help="worker processes (default: one a core)")
+    args = parser.parse_args(argv)
+    started = time.monotonic()
+    checked = run(jobs=args.jobs)
+    for (module, _, budget), c in zip(CHECKER_BOUNDS, checked, strict=True):
+        r = c.result
+        print(f"{module:7s} {r.scenario:28s} {budget} states={r.states:7d} {r.seconds:6.1f}s {r.violation or 'ok'}")
+    print(f"seconds={time.monotonic() - started:.1f}")
+    print(report_line(checked))
+    return 1 if any(c.result.violation for c in checked) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

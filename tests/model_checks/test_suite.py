@@ -1,0 +1,63 @@
+"""The checker's suite, CHECKER_BOUNDS (model_checks/suite.py): every entry steps the real driver machines, holds
+safety and liveness, and together the entries fire every row of every table but the driver table's defensive rows
+(those no crowd fires either)
+and the registry's rows no driver makes, each list held exact (a row that starts or stops firing fails here)."""
+
+from __future__ import annotations
+
+from model_checks.crowd import DEFENSIVE_REACHED
+from model_checks.drivers import (
+    DEFENSIVE_ROWS,
+    NO_DRIVER_MAKES,
+    B,
+    Budget,
+    Checked,
+    DriverSystem,
+    World,
+    _received,
+    names,
+    scenario,
+    search,
+    stuck,
+)
+from model_checks.suite import CHECKER_BOUNDS, Entry, report_line, rows_fired
+from versioned_lora.lifecycle.drivers import StageState
+from versioned_lora.spec.drivers import DRIVER_ROWS
+from versioned_lora.spec.states import PlacementState
+from versioned_lora.spec.table import ROWS
+
+
+def test_every_entry_holds_and_together_they_fire_every_row_of_every_table(checked: dict[Entry, Checked]) -> None:
+    assert list(checked) == list(CHECKER_BOUNDS)
+    assert {module for module, _, _ in CHECKER_BOUNDS} == {"drivers", "crowd"}  # nothing but the real drivers
+    for entry, c in checked.items():
+        assert c.result.violation is None, (entry, c.result.violation, c.result.trace)
+    driver, calls, probed = rows_fired(list(checked.values()))
+    assert {r.id for r in DRIVER_ROWS} - driver == DEFENSIVE_ROWS.keys() - DEFENSIVE_REACHED
+    assert {r.id for r in ROWS} - (calls | probed) == set(NO_DRIVER_MAKES)
+    line = report_line(list(checked.values()))
+    fired = len(DRIVER_ROWS) + len(ROWS) - len(DEFENSIVE_ROWS.keys() - DEFENSIVE_REACHED) - len(NO_DRIVER_MAKES)
+    assert f" rows_fired={fired}/{len(DRIVER_ROWS) + len(ROWS)} violations=0 " in line, line
+    print(line)
+
+
+def test_a_three_engine_world_stages_on_every_engine_and_holds_the_barrier_across_them() -> None:
+    """THREE_ENGINE_BOUNDS' worlds have three engines for real: B's staging reaches READY on E2 as well, and its
+    bucket 1 waits for bucket 0 on all three (the property bucket_barrier holds in every world; here its precondition
+    is shown reached: a world where bucket 0 landed on two engines and not yet on the third)."""
+    budget = Budget(drops=0, dups=0, deadlines=0, cancels=0, engines=3)
+    system = DriverSystem()
+    start = scenario("stage", budget)
+    ready_on: set[str] = set()
+    partial: list[int] = []
+
+    def look(w: World) -> None:
+        ready_on.update(e for (v, e), p in w.registry.placements.items() if v == B and p.state is PlacementState.READY)
+        if isinstance(w.driver, StageState) and w.driver.engines:
+            partial.append(sum(1 for e in names(w) if _received(w, e, w.driver) >= 1))
+
+    result = search("stage", start, system.successors, lambda w: system.problems(w, start), stuck, on_state=look)
+    print(f"three engines, stage, no fault: {result.states} worlds")
+    assert result.violation is None and len(start.engines) == 3
+    assert ready_on == {"E0", "E1", "E2"}
+    assert 2 in partial and 3 in partial
