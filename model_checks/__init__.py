@@ -1,13 +1,8 @@
-"""Explicit-state model checking of the composed system (registry + engines through the spec table,
-plus a hand-written environment), seeded simulation, liveness by SCC analysis, and the
-Hypothesis state machines built from the same table. Run `python -m model_checks --help`."""
+"""Model checking. The checker's suite, CHECKER_BOUNDS (`python -m model_checks.suite`), steps the real driver machines
+against the real registry and engine tables (drivers.py, crowd.py); system.py is the composed model with its
+hand-written environment (explicit-state checker, seeded simulation, liveness by SCC: `python -m model_checks --help`);
+stateful.py builds the Hypothesis state machines from the same table. Importing the package imports none of them."""
 
 from model_checks import native
 
-native.check_fresh()  # before the compiled modules are imported: never run a stale build
-
-from model_checks.bfs import CheckResult, check  # noqa: E402
-from model_checks.bounds import Bounds  # noqa: E402
-from model_checks.system import PLANTED_BUGS, System  # noqa: E402
-
-__all__ = ["PLANTED_BUGS", "Bounds", "CheckResult", "System", "check"]
+native.check_fresh()  # before a compiled module is imported: never run a stale build

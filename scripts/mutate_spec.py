@@ -1,7 +1,16 @@
 """Seeded mutations of the spec table, fed alike to the core (`Core(rows)`), the model checker and the
 Hypothesis state machine; reports which of the two kills each mutant.
 
-    python scripts/mutate_spec.py --seed 1 --count 40 [--jobs J]
+    python scripts/mutate_spec.py --seed 1 --count 40 [--jobs J] [--baseline FILE]
+
+The checker is the checker's suite, CHECKER_BOUNDS (model_checks/suite.py): the real driver machines, alone and side by
+side, at two engines and three, with the mutant as the table of the registry and the engines their worlds step and
+their probes are sent to. The reference table is run through every entry first (the baseline: which registry and engine
+rows each fires, by a call or a probe, and how many worlds it reaches; `--baseline` reads it from a file that
+`write_baseline` wrote, as tests/model_checks/test_mutation.py does from the suite it ran already); a mutant then runs
+first the entries whose baseline fired the row it changes, fewest worlds first, then the others. The first property
+violation kills it; the first other exception ends its checker run as a crash (never a kill: running the rest of the
+suite after it would cost each such mutant the whole suite, about six minutes of one core).
 
 Operators: drop_guard (remove one named guard of a row), swap_target (move a state-changing row to
 another stored state of its machine), delete_row, drop_effect, drop_update. A mutant is killed only by
@@ -33,19 +42,13 @@ import attrs
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis.stateful import run_state_machine_as_test
 
-from model_checks.bfs import check
-from model_checks.bounds import SYSTEM_BOUNDS, Bounds
-from model_checks.liveness import check_liveness
+from model_checks import crowd, drivers, suite
 from model_checks.stateful import PropertyViolation, build_machine
-from model_checks.system import System
 from versioned_lora.lifecycle import Core, InvariantViolation, ProtocolError
 from versioned_lora.spec import ROWS
 from versioned_lora.spec.states import SAME, wildcard_states
 
 OPERATORS = ("drop_guard", "swap_target", "delete_row", "drop_effect", "drop_update")
-# Safety: model_checks.bounds.SYSTEM_BOUNDS (together they fire every row of the reference table);
-# liveness: the abort path.
-LIVENESS_BOUNDS = Bounds(engines=2, versions=2, sessions=1, drops=0, dups=0, crashes=0, failures=1, bootstrapped=True)
 # Hand verdicts: mutant description -> why it cannot change any observable behaviour (state, answer,
 # effects) of the core on any input. A mutant listed here is left out of both kill rates.
 EQUIVALENT: dict[str, str] = {}
@@ -100,27 +103,42 @@ def _describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}{at}: {str(exc).splitlines()[0] if str(exc) else ''}"[:160]
 
 
-def checker_verdict(core: Core) -> tuple[Verdict, str]:
-    """A violation found by the safety BFS over any of SYSTEM_BOUNDS or by liveness is a property
-    kill. An exception escaping the checker on some bounds (e.g. an assert inside an update that
-    the mutant reached, or a bootstrap that finds no clean move) does not stop the other bounds; it
-    is the verdict only when no bounds find a violation."""
-    crash = ""
-    for bounds in SYSTEM_BOUNDS:
+Baseline = list[tuple[int, list[str], int]]  # (index in CHECKER_BOUNDS, registry/engine rows it fired, worlds)
+
+
+def baseline_of(checked: list[drivers.Checked]) -> Baseline:
+    """The reference table's baseline, from CHECKER_BOUNDS checked in order (suite.run)."""
+    return [(i, sorted(c.core_fired | c.core_probed), c.result.states) for i, c in enumerate(checked)]
+
+
+def write_baseline(checked: list[drivers.Checked], path: Path) -> None:
+    path.write_text(json.dumps(baseline_of(checked)))
+
+
+def order_for(baseline: Baseline, row: str) -> list[suite.Entry]:
+    """The entries whose baseline fired `row`, fewest worlds first; then the others, likewise."""
+    ranked = sorted(baseline, key=lambda b: (row not in b[1], b[2]))
+    return [suite.CHECKER_BOUNDS[i] for i, _, _ in ranked]
+
+
+def checker_verdict(core: Core, entries: list[suite.Entry]) -> tuple[Verdict, str]:
+    """The checker's suite on the mutant, entry by entry until one finds a property violation (an invariant or a
+    step property of a step a world made or a probe sent, a ProtocolError for a pair the mutant no longer covers,
+    a driver property, liveness). The search reports an exception a step raised as "Name: message"; one that is not
+    a ProtocolError or a StepPropertyViolation (an assert inside a result builder the mutant reached) is a crash."""
+    for module, scenario, budget in entries:
+        checker = drivers.check if module == "drivers" else crowd.check
         try:
-            violation = check(System(bounds, core)).violation
-        except Exception as exc:
-            crash = crash or _describe(exc)
+            violation = checker(scenario, budget, system=drivers.DriverSystem(core=core)).violation
+        except Exception as exc:  # raised outside the search's own try (a property's code, a scenario's setup)
+            return Verdict.CRASH, f"{module}/{scenario}: {_describe(exc)}"
+        if violation is None:
             continue
-        if violation is not None:
-            return Verdict.PROPERTY, "; ".join(violation.problems)[:160]
-    try:
-        liveness = check_liveness(System(LIVENESS_BOUNDS, core)).violations
-    except Exception as exc:
-        return Verdict.CRASH, crash or _describe(exc)
-    if liveness:
-        return Verdict.PROPERTY, f"liveness: {liveness[0][0]}"
-    return (Verdict.CRASH, crash) if crash else (Verdict.LIVE, "")
+        exception = violation.split(":", 1)[0]
+        if exception.isidentifier() and exception != "ProtocolError" and exception.endswith(("Error", "Exception")):
+            return Verdict.CRASH, f"{module}/{scenario}: {violation}"[:160]
+        return Verdict.PROPERTY, f"{module}/{scenario} {budget}: {violation}"[:200]
+    return Verdict.LIVE, ""
 
 
 def hypothesis_verdict(core: Core, examples: int) -> tuple[Verdict, str]:
@@ -159,24 +177,32 @@ def draw(seed: int, count: int) -> list[tuple[str, tuple]]:
     return mutants
 
 
-# The parent draws the mutants; forked workers inherit them and are handed only an index.
-_WORK: tuple[list[tuple[str, tuple]], int] = ([], 0)
+# The parent draws the mutants and orders the checker's entries for each; forked workers inherit them and are handed
+# only an index.
+_WORK: tuple[list[tuple[str, tuple]], int, Baseline] = ([], 0, [])
 
 
 def judge(index: int) -> Outcome:
-    mutants, examples = _WORK
+    mutants, examples, baseline = _WORK
     name, rows = mutants[index]
     started = time.perf_counter()
     core = Core(rows)
-    (c, c_why), (h, h_why) = checker_verdict(core), hypothesis_verdict(core, examples)
+    c, c_why = checker_verdict(core, order_for(baseline, name.split()[1]))
+    h, h_why = hypothesis_verdict(core, examples)
     return Outcome(name, c, h, c_why or h_why, time.perf_counter() - started)
 
 
-def run(seed: int, count: int, examples: int, jobs: int = 1, emit: Callable[[str], None] = print) -> list[Outcome]:
+def run(seed: int, count: int, examples: int, jobs: int = 1, emit: Callable[[str], None] = print,
+        baseline: Baseline | None = None) -> list[Outcome]:
     """`count` distinct mutants drawn from Random(seed), each judged by the checker and Hypothesis, on `jobs`
-    worker processes (a mutant's verdict does not depend on which process judges it or when)."""
+    worker processes (a mutant's verdict does not depend on which process judges it or when). Without a baseline,
+    the reference table is run through CHECKER_BOUNDS first."""
     global _WORK
-    _WORK = (draw(seed, count), examples)
+    if baseline is None:
+        reference = suite.run(jobs=jobs)
+        assert not any(c.result.violation for c in reference), "the reference table fails the checker's suite"
+        baseline = baseline_of(reference)
+    _WORK = (draw(seed, count), examples, baseline)
     outcomes: list[Outcome] = []
     with multiprocessing.get_context("fork").Pool(max(1, jobs)) as workers:
         for outcome in workers.imap(judge, range(count)):
@@ -214,9 +240,11 @@ def main() -> None:
     p.add_argument("--count", type=int, default=30)
     p.add_argument("--examples", type=int, default=500)  # 500 x 50 steps
     p.add_argument("--jobs", type=int, default=os.cpu_count() or 1, help="worker processes (default: one a core)")
+    p.add_argument("--baseline", type=Path, default=None, help="the reference's baseline (write_baseline's file)")
     ns = p.parse_args()
     started = time.perf_counter()
-    outcomes = run(ns.seed, ns.count, ns.examples, ns.jobs)
+    baseline = json.loads(ns.baseline.read_text()) if ns.baseline else None
+    outcomes = run(ns.seed, ns.count, ns.examples, ns.jobs, baseline=baseline)
     figures = summary(outcomes)
     print(f"mutants={figures['mutants']} equivalent={figures['equivalent']} "
           f"checker_killed={figures['checker_killed']}/{figures['scored']} "

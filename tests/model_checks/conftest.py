@@ -11,7 +11,10 @@ test_every_bound_holds_and_fires_every_row_but_the_defensive_ones) and added not
 
 from __future__ import annotations
 
+import importlib.util
+from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 
@@ -31,3 +34,19 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def checked() -> dict[tuple[str, str, object], Checked]:
     """Each entry of CHECKER_BOUNDS, checked (on a worker a core): entry -> its verdict and the rows it fired."""
     return dict(zip(suite.CHECKER_BOUNDS, suite.run(), strict=True))
+
+
+def load_script(name: str) -> ModuleType:
+    """scripts/<name>.py as a module (scripts/ is not a package)."""
+    path = HERE.parents[1] / "scripts" / f"{name}.py"
+    spec = importlib.util.spec_from_file_location(name, path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def script() -> Callable[[str], ModuleType]:
+    """The loader of scripts/<name>.py, for the tests that run a script's own functions."""
+    return load_script

@@ -10,13 +10,12 @@ mutant of issue 17 (a refused abort cleans every engine) is killed by a property
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
-
-import attrs
+from types import ModuleType
 
 from model_checks.drivers import (
     CORE_ROWS_NOT_PROBED,
@@ -110,33 +109,10 @@ def test_a_check_reaches_the_same_worlds_whatever_ran_before_it_in_the_process()
     assert after.states == alone.states == 3097, (after.states, alone.states)
 
 
-def _script(name: str):  # scripts/ is not a package
-    path = Path(__file__).resolve().parents[2] / "scripts" / f"{name}.py"
-    spec = importlib.util.spec_from_file_location(name, path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_core_mutant_script_kills_by_a_property_and_not_by_a_crash() -> None:
-    """scripts/core_mutants_on_drivers.py's verdicts on two core mutants its first check stops: a deleted row (the
-    uncovered pair's ProtocolError is a kill) and an engine that takes any bucket index (a probe's finding: a stale
-    bucket moves the state)."""
-    module = _script("core_mutants_on_drivers")
-    any_bucket = tuple(attrs.evolve(row, guards=tuple(g for g in row.guards if g != "bucket_is_next"))
-                       if row.id == "bucket.next" else row for row in ROWS)
-    module._MUTANTS = [("delete_row reserve.new", tuple(row for row in ROWS if row.id != "reserve.new")),
-                       ("drop_guard bucket.next -bucket_is_next", any_bucket)]
-    deleted, stale = module.judge(0), module.judge(1)
-    assert deleted[1] == "killed" and "ProtocolError: no row covers Reserve" in deleted[2], deleted
-    assert stale[1] == "killed" and ": probe ReceiveBucket(" in stale[2], stale
-
-
-def test_the_refused_abort_fallback_is_killed_by_a_property() -> None:
+def test_the_refused_abort_fallback_is_killed_by_a_property(script: Callable[[str], ModuleType]) -> None:
     """On the scenario that states the bug (an abort answered after the commit), under each bound; the seed run
     below judges this mutant too, with the rest of its sample."""
-    mutate = _script("mutate_drivers")
+    mutate = script("mutate_drivers")
     order = tuple((b, "abort_after_commit") for b in range(len(DRIVER_BOUNDS)))
     verdict, detail = mutate.run(mutate.refused_abort_cleans(), order)
     assert verdict == "killed", detail
