@@ -1,4 +1,5 @@
-"""The checker's parameters (stateright's `within_boundary` lives here too): sizes and fault budgets."""
+"""system.py's parameters (stateright's `within_boundary` lives here too): sizes and fault budgets of the composed
+model with its hand-written environment. The checker's suite, CHECKER_BOUNDS, is model_checks/suite.py's."""
 
 from __future__ import annotations
 

@@ -1633,14 +1633,14 @@ def search(name: str, start: Any, successors: Callable[[Any], Iterator[tuple[str
 
     Liveness, when `owed` is given: once every state is explored and none has a problem, the graph's strongly
     connected components are searched for one a weakly fair run can stay in forever (`fair` says which labels are
-    fair actions: a fault never is) while something is owed in all of its states (fairness.open_forever): a
-    poll or a retry that a fair run never leaves. `stuck` covers the states where nothing can happen at all."""
+    fair actions, a fault never is; without it every action is) while something is owed in all of its states
+    (fairness.open_forever): a poll or a retry that a fair run never leaves. `stuck` covers the states where nothing
+    can happen at all."""
     started = time.monotonic()
     parent: dict[Any, tuple[Any, str]] = {start: (None, "")}
     index: dict[Any, int] = {start: 0}
     states = [start]  # in the order they are explored (breadth first), so edges[i] is states[i]'s
     edges: Edges = []
-    live = owed is not None and fair is not None
 
     def trace(state: Any) -> tuple[str, ...]:
         steps = []
@@ -1672,13 +1672,13 @@ def search(name: str, start: Any, successors: Callable[[Any], Iterator[tuple[str
             if nxt not in parent:
                 parent[nxt] = (state, label)
                 queue.append(nxt)
-                if live:
+                if owed is not None:
                     index[nxt] = len(states)
                     states.append(nxt)
                 if len(parent) > max_states:
                     raise RuntimeError(f"{name}: more than {max_states} states")
-            if fair is not None and owed is not None:
-                out.append((index[nxt], label if fair(label) else None))
+            if owed is not None:
+                out.append((index[nxt], label if fair is None or fair(label) else None))
         edges.append(out)
     if owed is not None:
         for still_owed, scc in open_forever(edges, lambda i: owed(states[i])):

@@ -31,7 +31,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 
 @pytest.fixture(scope="session")
-def checked() -> dict[tuple[str, str, object], Checked]:
+def checked() -> dict[suite.Entry, Checked]:
     """Each entry of CHECKER_BOUNDS, checked (on a worker a core): entry -> its verdict and the rows it fired."""
     return dict(zip(suite.CHECKER_BOUNDS, suite.run(), strict=True))
 

@@ -28,7 +28,6 @@ from versioned_lora.spec.table import ROWS
 
 
 def test_every_entry_holds_and_together_they_fire_every_row_of_every_table(checked: dict[Entry, Checked]) -> None:
-    assert list(checked) == list(CHECKER_BOUNDS)
     assert {module for module, _, _ in CHECKER_BOUNDS} == {"drivers", "crowd"}  # nothing but the real drivers
     for entry, c in checked.items():
         assert c.result.violation is None, (entry, c.result.violation, c.result.trace)
