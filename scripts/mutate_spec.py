@@ -177,8 +177,7 @@ def draw(seed: int, count: int) -> list[tuple[str, tuple]]:
     return mutants
 
 
-# The parent draws the mutants and orders the checker's entries for each; forked workers inherit them and are handed
-# only an index.
+# The parent draws the mutants and holds the baseline; forked workers inherit both and are handed only an index.
 _WORK: tuple[list[tuple[str, tuple]], int, Baseline] = ([], 0, [])
 
 
