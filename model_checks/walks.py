@@ -68,13 +68,13 @@ def simulate(start: Any, successors: Successors, problems: Callable[[Any], list[
     for _ in range(runs):
         result.runs += 1
         world, trace = start, []
-        for _ in range(depth + 1):
+        for taken in range(depth + 1):  # every world reached is judged, the last one after `depth` actions
             succ, found = judge(world, successors, problems, stuck)
             if found:
                 result.violation, result.trace = found[0], tuple(trace)
                 result.digest = sha.hexdigest()
                 return result
-            if not succ:
+            if not succ or taken == depth:
                 break
             label, world = succ[rng.randrange(len(succ))]
             sha.update(label.encode())
