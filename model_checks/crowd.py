@@ -27,7 +27,7 @@ window).
 What reclaim_while_rehydrating reaches that no one-driver world does: E0's supervisor rehydrating A while a
 session's close frees A and a Reclaimer claims it, so the claim lands between the rehydrate's begin and its PREPARED
 (rows prepared.reclaiming, begin.reclaimed) and the unload meets an adapter still STAGING (reclaim.staging): the
-case system.py's RECLAIM_WHILE_REHYDRATING bound was written for, here with the real drivers.
+case the retired hand-written checker's (system.py's) RECLAIM_WHILE_REHYDRATING bound was written for.
 
 What zombie_stage reaches: a publisher that stalled past its lease still runs its stage driver for B's first
 attempt while the new holder's settle driver aborts and cleans that attempt and, once it is done (`Lane.after`: one
@@ -83,10 +83,11 @@ from model_checks.drivers import (
     World,
     _Setup,
     _world,
+    driver_owed,
     fair,
-    owed,
     rows_line,
     search,
+    spec_owed,
     stuck,
 )
 from versioned_lora.lifecycle import CORE
@@ -190,7 +191,7 @@ def scenario(name: str, budget: Budget) -> Crowd:
         return _crowd(s, budget, lanes)
     if name == "reclaim_while_rehydrating":  # A retired, still bound by a session, B the default; E0 restarted and
         s.reg_step(OpenSession(SESSION))  # holds nothing: its supervisor rehydrates A and B while the session closes
-        s.reg_step(BindFirst(SESSION))  # and A is reclaimed (system.py's RECLAIM_WHILE_REHYDRATING, with the drivers)
+        s.reg_step(BindFirst(SESSION))  # and A is reclaimed
         s.stage(B)
         s.commit(B)
         s.engs[0] = CORE.engine_step(s.engs[0], EngineStarted(2))[0]
@@ -285,8 +286,10 @@ def _stuck(c: Crowd) -> list[str]:
 
 
 def _owed(c: Crowd) -> frozenset[str]:
-    """What a crowd still owes (liveness): what each lane, as a one-driver world, owes."""
-    return frozenset(f"L{i} {x}" for i in range(len(c.lanes)) for x in owed(view(c, i)))
+    """What a crowd still owes (liveness): what each lane's driver owes its caller, and the spec's obligations on the
+    obligations its drivers work on, less those a lane's driver handed over (drivers.spec_owed)."""
+    lanes = frozenset(f"L{i} {x}" for i in range(len(c.lanes)) for x in driver_owed(view(c, i)))
+    return lanes | spec_owed(c.shared.registry, tuple((lane.driver, lane.reports) for lane in c.lanes))
 
 
 def check(name: str, budget: Budget = DEFAULT_BUDGET, drivers: Drivers = DRIVERS, system: DriverSystem | None = None,

@@ -29,9 +29,9 @@ under the incarnation the reserve named (`end` answers the engine's receipt, and
 FinishUnload, and answers whether it is UNLOADED.
 
 Probes (the calls no driver here makes): at every registry and engine state a world reaches, every late, duplicated,
-stale, forged and other-epoch call that the table answers without a change (`lifecycle.enabled`'s faulty candidates,
-which system.py's kernel probes too) is sent once, and its answer and effects are checked by the step properties
-(`model_checks/step_properties.py`); they are self-loops, so they add no world. `CORE_ROWS_NOT_PROBED` is what the
+stale, forged and other-epoch call that the table answers without a change (`lifecycle.enabled`'s faulty candidates)
+is sent once, and its answer and effects are checked by the step properties (`model_checks/step_properties.py`);
+they are self-loops, so they add no world. `CORE_ROWS_NOT_PROBED` is what the
 drivers' calls and the probes leave unfired together.
 
 Properties, on every reachable world:
@@ -260,6 +260,7 @@ from versioned_lora.lifecycle.enabled import (
 from versioned_lora.lifecycle.errors import ProtocolError
 from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.lifecycle.results import Rejected
+from versioned_lora.spec import LIVENESS
 from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, DriverOutcome, Input, SessionRefusal
 from versioned_lora.spec.events import (
     NO_FENCE,
@@ -773,8 +774,8 @@ class DriverSystem:
         self._fired: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = _FIRED if core is CORE else {}
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
 
-    # ---- the registry's and an engine's table, counting the row each step fires; each step is checked as
-    # system.py's kernel checks it (invariants, step invariants, the frame and the `also` moves, the step properties)
+    # ---- the registry's and an engine's table, counting the row each step fires; each step is checked (invariants,
+    # step invariants, the frame and the `also` moves, the step properties)
     def _step(self, registry: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
         return self._fire(registry, event)
 
@@ -1119,7 +1120,7 @@ class DriverSystem:
     # ---- probes: what the tables answer, without a change, to a call no driver here makes
     def probe_problems(self, state: Any) -> tuple[str, ...]:
         """Every late, duplicated, stale, forged or other-epoch call the table answers without a change
-        (`lifecycle.enabled`'s faulty candidates, as system.py's kernel probes them), sent to one registry or engine
+        (`lifecycle.enabled`'s faulty candidates), sent to one registry or engine
         state the worlds reached: each is a self-loop, so only its row's answer and effects are checked (the step
         properties) and its row counted (`core_probed`); under a mutant table, one that changes the state, or that no
         row answers, is a problem too. Once per distinct state. A call whose reference row changes the state is no
@@ -1698,15 +1699,56 @@ def fair(label: str) -> bool:
     return not label.startswith(UNFAIR)
 
 
-def owed(w: World) -> frozenset[str]:
-    """What a world still owes (liveness): a session each question its caller asked and has no answer to, a lease
-    keeper the answer to its acquire (it then renews for as long as it holds the lease), any other driver its end
-    and its report."""
+def driver_owed(w: World) -> frozenset[str]:
+    """What a world's driver still owes its caller: a session each question its caller asked and has no answer to,
+    a lease keeper the answer to its acquire (it then renews for as long as it holds the lease), any other driver its
+    end and its report."""
     if isinstance(w.driver, SessionState):
         return frozenset(w.pending)
     if isinstance(w.driver, LeaseState):
         return frozenset() if w.reports else frozenset({"the lease's answer"})
     return frozenset() if is_done(w.driver) and w.reports else frozenset({"its end and report"})
+
+
+# The registry's own liveness (spec LIVENESS: every attempt ends committed or FAILED_CLEAN; every RETIRED version no
+# session holds ends RECLAIMED), carried by the drivers whose work it is: a settle's and a publication's attempt, the
+# attempt a recovery settles under the lease it took, a reclaim's version. Some reports hand the rest of the work to
+# a later run that a world of these drivers does not hold: UNKNOWN (a commit's resolution, a recovery under the next
+# lease) and PENDING (the reclaimer's next pass), and a reclaim's REJECTED (refused while a session still held the
+# version: the next pass claims it once they closed). A stage driver owes none: its caller settles the attempt.
+# The retired hand-written checker (system.py) checked these on its own publisher and reclaimer jobs.
+HANDS_OVER = frozenset({DriverOutcome.UNKNOWN, DriverOutcome.PENDING})
+RECLAIM_HANDS_OVER = HANDS_OVER | {DriverOutcome.REJECTED}
+
+
+def works_on(driver: Any) -> frozenset[Any]:
+    """The spec obligations (LIVENESS's, as `Liveness.obligations` names them) that `driver` discharges."""
+    if isinstance(driver, (SettleState, PublishState)) and driver.attempt_token:
+        return frozenset({("attempt", driver.version, driver.attempt_token)})
+    if isinstance(driver, RecoverState) and driver.attempt is not None and driver.fence != NO_FENCE:
+        return frozenset({("attempt", driver.attempt.version, driver.attempt.attempt_token)})
+    if isinstance(driver, ReclaimState):
+        return frozenset({("reclaim", driver.version)})
+    return frozenset()
+
+
+def hands_over(driver: Any, reports: Sequence[Report]) -> bool:
+    over = RECLAIM_HANDS_OVER if isinstance(driver, ReclaimState) else HANDS_OVER
+    return any(r.outcome in over for r in reports)
+
+
+def spec_owed(registry: RegistryState, lanes: Sequence[tuple[Any, Sequence[Report]]]) -> frozenset[str]:
+    """The spec LIVENESS obligations open in `registry` that the drivers of `lanes` (each with its reports) work on,
+    except those a driver handed over."""
+    handed = frozenset().union(*(works_on(d) for d, reports in lanes if hands_over(d, reports)))
+    mine = frozenset().union(*(works_on(d) for d, reports in lanes)) - handed
+    return frozenset(f"{lv.name} {ob}" for lv in LIVENESS for ob in lv.obligations(registry) if ob in mine)
+
+
+def owed(w: World) -> frozenset[str]:
+    """What a world still owes (liveness): its driver's answers (driver_owed), and the spec's obligations on the
+    versions it works on (spec_owed)."""
+    return driver_owed(w) | spec_owed(w.registry, ((w.driver, w.reports),))
 
 
 def stuck(w: World) -> list[str]:
@@ -1725,7 +1767,7 @@ _FIRED: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = {}  # ... and
 
 
 class StepPropertyViolation(Exception):
-    """A registry or engine step that a world's call made broke what system.py's kernel checks of every step. Raised
+    """A registry or engine step that a world's call made broke what is checked of every step (_fire). Raised
     out of the successors: the search reports it at the world whose call made the step."""
 
 
@@ -1853,12 +1895,12 @@ DEFENSIVE_ROWS = {
 }
 
 
-# The registry's and the engines' rows no one-driver world's calls step through on DRIVER_BOUNDS (51 of 139;
-# system.py's SYSTEM_BOUNDS fire all 139, tests/model_checks/test_checker.py). Most answer another process's stale,
-# forged or late call, or a replay (here the journal answers a retried key whose first call changed the state before
-# the registry sees it, as the registry actor's journal does). tests/model_checks/test_drivers.py holds this set exact,
-# so a scenario that reaches one of them must take it out. The crowd's calls reach 21 of them (crowd.REACHED_TOGETHER,
-# held exact by test_crowd.py), and the probes all but CORE_ROWS_NOT_PROBED (below).
+# The registry's and the engines' rows no one-driver world's calls step through on DRIVER_BOUNDS (51 of 139). Most
+# answer another process's stale, forged or late call, or a replay (here the journal answers a retried key whose
+# first call changed the state before the registry sees it, as the registry actor's journal does).
+# tests/model_checks/test_drivers.py holds this set exact, so a scenario that reaches one of them must take it out.
+# The crowd's calls reach 21 of them (crowd.REACHED_TOGETHER, held exact by test_crowd.py), and the probes all but
+# CORE_ROWS_NOT_PROBED (below).
 CORE_ROWS_NOT_REACHED = frozenset({
     "reserve.other_epoch", "commit.unknown", "commit.stale_after_commit", "commit.stale_attempt",
     "commit.revision_moved", "abort.unknown", "abort.stale_attempt",
@@ -1902,7 +1944,7 @@ def check_all(budget: Budget = Budget(), drivers: Drivers = DRIVERS,
 
 def rows_line(prefix: str, system: DriverSystem) -> str:
     """The report's rows: the driver table's and the core's (registry and engine side) this checker fired, by the
-    drivers' calls or by the probes (as system.py's count, which counts its probes too), and all of them together;
+    drivers' calls or by the probes, and all of them together;
     `core_rows_by_calls`: those the drivers' calls fired."""
     driver, calls = len(system.fired), len(system.core_fired)
     core = len(system.core_fired.keys() | system.core_probed.keys())

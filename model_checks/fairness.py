@@ -1,6 +1,6 @@
 """Weak fairness over an explored state graph: can a fair run stay forever where something is still owed?
 
-Shared by the composed system's liveness check (liveness.py) and the driver checker's search (drivers.search).
+Used by the driver checker's search (drivers.search), for one-driver worlds and crowds alike.
 A graph is `edges[i] = [(j, label or None)]`; None marks an unfair edge (a fault: a loss, a duplicate, an early
 deadline, a crash), which a run is never forced to take, and whose finite budget keeps it off every cycle.
 

@@ -1,7 +1,7 @@
 """Properties of one step that the spec's state and (before, after) invariants cannot state, because
 they relate the step to its *event*, its *answer* or its *effects*. They are written from the
 design (DESIGN.md §2-§3), independently of the table's rows, and checked by the model checker
-(kernel.py, on every cached registry/engine step) and by the Hypothesis machines (stateful.py).
+(drivers.py, on every registry/engine step a driver's call makes) and by the Hypothesis machines (stateful.py).
 
 Why they exist: a table mutant that drops an effect (the engine counts a bucket it never received),
 loses a compare-and-swap guard (a commit with a stale expected revision moves the default), or lets

@@ -22,7 +22,5 @@ PIP=(.venv/bin/python -m pip --disable-pip-version-check -q)
 "${PIP[@]}" install -r requirements/cpu-lock.txt torch==2.14.1
 # 4. the project itself, editable, with its test extras (already satisfied by the lock).
 "${PIP[@]}" install --no-deps -e .
-# 5. the model checker's hot modules, compiled by mypyc from their own source (model_checks/native.py).
-.venv/bin/python scripts/build_checker.py --if-stale
 
 .venv/bin/python -c "import sglang, torch, ray, peft; print('setup ok: sglang', sglang.__version__, 'torch', torch.__version__)"

@@ -4,7 +4,8 @@ Every scenario under every bound of DRIVER_BOUNDS completes without a violation;
 every driver row but the listed defensive ones (and a defensive row that starts firing fails this test
 too, so the list stays true) and every registry and engine row but CORE_ROWS_NOT_REACHED (held exact
 too), and every one of those but CORE_ROWS_NOT_PROBED by the probes (held exact too); a lost reply and a fired
-deadline are reached in every phase that waits for a call; liveness can fail where safety does not; and the fixed
+deadline are reached in every phase that waits for a call; liveness (the drivers' and the spec's) can fail where
+safety does not; and the fixed
 mutant of issue 17 (a refused abort cleans every engine) is killed by a property, not by a ProtocolError.
 """
 
@@ -17,25 +18,30 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
+import attrs
+
 from model_checks.drivers import (
     CORE_ROWS_NOT_PROBED,
     CORE_ROWS_NOT_REACHED,
     DEFENSIVE_ROWS,
     DRIVER_BOUNDS,
     SCENARIOS,
+    A,
+    B,
     Budget,
     Checked,
     DriverSystem,
     check,
     scenario,
     search,
+    spec_owed,
     stuck,
 )
 from model_checks.suite import Entry
 from versioned_lora.lifecycle import Core
-from versioned_lora.lifecycle.drivers import Drivers
+from versioned_lora.lifecycle.drivers import Drivers, Report
 from versioned_lora.spec import ROWS
-from versioned_lora.spec.drivers import DRIVER_ROWS
+from versioned_lora.spec.drivers import DRIVER_ROWS, DriverOutcome
 
 # For each phase that waits on a call: the row for its lost reply and the row for its fired deadline.
 LOST_AND_DEADLINE = (
@@ -91,10 +97,33 @@ def test_liveness_finds_a_poll_that_never_ends() -> None:
     mutant = Drivers(rows + tuple(row for row in DRIVER_ROWS if row.id == "unload.done"))
     budget = Budget(drops=0, dups=0, deadlines=0, cancels=0)
     result = check("reclaim", budget, mutant, DriverSystem(mutant, probes=False))
-    assert result.violation is not None and result.violation.startswith("liveness: its end and report owed forever")
+    assert result.violation is not None and result.violation.startswith("liveness: its end and report, ")
     system = DriverSystem(mutant, probes=False)
     start = scenario("reclaim", budget)
     assert search("reclaim", start, system.successors, lambda w: system.problems(w, start), stuck).violation is None
+
+
+def test_the_spec_liveness_is_owed_by_the_driver_whose_work_it_is_until_handed_over() -> None:
+    """drivers.spec_owed: a settle driver that ended while its attempt is still open owes attempt_terminates (the
+    search then finds it owed forever), unless its report handed the attempt over (UNKNOWN); a reclaim owes
+    retired_unused_version_reclaimed for its version, unless its report handed it to the reclaimer's next pass
+    (REJECTED, PENDING, UNKNOWN); a stage driver owes nothing of the spec (its caller settles); and no driver owes
+    another version's obligations. (On the reference drivers the report properties already imply these: a report of
+    COMMITTED or FAILED_CLEAN is checked true, so this is the spec's liveness carried over, not a new catch.)"""
+    w = scenario("commit", Budget())
+    token = w.driver.attempt_token
+    done = attrs.evolve(w.driver, phase="DONE")
+    attempt = f"attempt_terminates ('attempt', {B!r}, {token!r})"
+    assert spec_owed(w.registry, ((done, (Report(DriverOutcome.COMMITTED),)),)) == {attempt}
+    assert spec_owed(w.registry, ((done, (Report(DriverOutcome.UNKNOWN),)),)) == frozenset()
+    assert spec_owed(w.registry, ((attrs.evolve(done, attempt_token="attempt@0-9"), ()),)) == frozenset()
+    r = scenario("reclaim", Budget())  # A retired, no session holds it
+    gone = f"retired_unused_version_reclaimed ('reclaim', {A!r})"
+    assert spec_owed(r.registry, ((r.driver, (Report(DriverOutcome.RECLAIMED),)),)) == {gone}
+    for over in (DriverOutcome.REJECTED, DriverOutcome.PENDING, DriverOutcome.UNKNOWN):
+        assert spec_owed(r.registry, ((r.driver, (Report(over),)),)) == frozenset()
+    staging = scenario("stage_probe_mismatch", Budget())
+    assert spec_owed(staging.registry, ((staging.driver, (Report(DriverOutcome.STAGED),)),)) == frozenset()
 
 
 def test_a_check_reaches_the_same_worlds_whatever_ran_before_it_in_the_process() -> None:

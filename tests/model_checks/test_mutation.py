@@ -31,8 +31,8 @@ SUMMARY_PREFIX = "MUTATION SUMMARY "
 EXPECTED = {
     "mutants": 40, "equivalent": 0, "scored": 40,
     "killed": 39, "crash_only": 1, "survived": 0,
-    # The checker is CHECKER_BOUNDS (the real driver machines) since issue 17; system.py's checker, on the same
-    # draw, killed 31 and stopped 9 only by an exception.
+    # The checker is CHECKER_BOUNDS (the real driver machines) since issue 17; the retired hand-written
+    # checker (system.py), on the same draw, killed 31 and stopped 9 only by an exception.
     "checker_killed": 39, "checker_crash_only": 1,
     "hypothesis_killed": 39, "hypothesis_crash_only": 1,
     # Stopped only by an AssertionError inside a result builder (registry_rules.py: reclaim_claimed) that no
