@@ -773,6 +773,7 @@ class DriverSystem:
         self._probed: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = _PROBED if core is CORE else {}
         self._fired: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = _FIRED if core is CORE else {}
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
+        self._backoff_by_phase: dict[tuple[Any, str], bool] = {}
 
     # ---- the registry's and an engine's table, counting the row each step fires; each step is checked (invariants,
     # step invariants, the frame and the `also` moves, the step properties)
@@ -875,9 +876,13 @@ class DriverSystem:
 
     def _retries_on_backoff(self, machine: Any) -> bool:
         """The machine's phase retries its call when the retry pause fires (a row of it acts on that timer)."""
-        kind = MACHINE_OF[type(machine)]
-        return any(r.machine is kind and machine.phase in r.expanded_sources() and r.input is Input.DEADLINE
-                   and "backoff_timer" in r.guards and r.changes_state for r in self.drivers.rows)
+        key = (MACHINE_OF[type(machine)], machine.phase)
+        if key not in self._backoff_by_phase:
+            kind, phase = key
+            self._backoff_by_phase[key] = any(
+                r.machine is kind and phase in r.expanded_sources() and r.input is Input.DEADLINE
+                and "backoff_timer" in r.guards and r.changes_state for r in self.drivers.rows)
+        return self._backoff_by_phase[key]
 
     # ---- a request reaches the registry or an engine: the real tables answer
     def _serve(self, w: World, command: Any) -> tuple[World, Any]:
@@ -1137,8 +1142,8 @@ class DriverSystem:
         return problems
 
     def problems(self, w: World, start: World) -> list[str]:
-        out = [f"registry invariant: {p}" for p in violated(w.registry)]
-        out += [f"engine invariant: {p}" for e in w.engines for p in engine_violated(e)]
+        out = [*_invariant_problems(w.registry, violated, "registry"),
+               *(p for e in w.engines for p in _invariant_problems(e, engine_violated, "engine"))]
         out += [p for state in (w.registry, *w.engines) for p in self.probe_problems(state)]
         reg = w.registry
         for v, version in reg.versions.items():
@@ -1764,6 +1769,18 @@ def stuck(w: World) -> list[str]:
 _PROBED_VERSIONS = tuple((key, DIGESTS[key]) for key in (A, B, C))
 _PROBED: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = {}  # the reference table's probes, per process
 _FIRED: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = {}  # ... and its checked steps (DriverSystem._fire)
+
+
+# The spec's invariants of each registry and engine state reached, per process: the spec's, so whatever table made the
+# state (a mutant's too), and many worlds share one registry or engine state.
+_INVARIANTS: dict[Any, tuple[str, ...]] = {}
+
+
+def _invariant_problems(state: Any, violated_by: Callable[[Any], tuple[str, ...]], what: str) -> tuple[str, ...]:
+    got = _INVARIANTS.get(state)
+    if got is None:
+        got = _INVARIANTS[state] = tuple(f"{what} invariant: {p}" for p in violated_by(state))
+    return got
 
 
 class StepPropertyViolation(Exception):
