@@ -368,6 +368,22 @@ CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine, ViewDisp
          LocalCleanup, ReadIncarnation, ReadRevision, ReadLiveFence, ViewPlacement, Rehydrate, ViewPending, TakeLease,
          SettleAttempt, RunStage, WaitStored)  # commands that are one call each
 LOCAL_WORK = (RunStage, WaitStored)
+# Refusals no party of these worlds gives, which defensive rows answer (DEFENSIVE_ROWS): BROKEN_PORT_BOUNDS (budget
+# `breaks`) sends one in place of a call's answer, so those rows are checked as every other row is.
+# - A call whose port, as driver_loop.py executes it, only answers or is lost (a registry read, an engine's
+#   incarnation read, a recovery's view, a driver run in the executor's own process): its refusal is a port outside
+#   its contract.
+# - An engine's reclaim, a reclaim's confirm, a cleanup's receipt: their refusal is caused by a party these worlds
+#   leave out (a forged or replayed reclaim id that reached the engine first, issue 19; a restart that replaced the
+#   attempt a receipt names).
+OUT_OF_CONTRACT = (ReadRevision, ReadLiveFence, ReadIncarnation, ViewPending, SettleAttempt, RunStage)
+OTHER_PARTY = (ConfirmReclaim, RecordCleaned)  # the registry events whose refusal another party causes
+BROKEN_PORT = "REFUSED_BY_NO_PARTY_HERE"
+
+
+def _breakable(call: Any) -> bool:
+    return isinstance(call, (*OUT_OF_CONTRACT, ReclaimEngine)) or (
+        isinstance(call, Submit) and isinstance(call.event, OTHER_PARTY))
 
 
 @attrs.frozen
@@ -382,6 +398,7 @@ class Budget:
     crashes: int = 0
     releases: int = 0
     engines: int = 2
+    breaks: int = 0  # a port answers a refusal outside its contract (BROKEN_PORT_BOUNDS)
 
 
 @attrs.frozen(cache_hash=True)
@@ -598,9 +615,10 @@ SESSION_SCENARIOS = {
     "session_close_only": (("finish",), {"close_only": True}),  # a session this process does not hold
     "session_other_epoch": (("finish",), {}),  # begin_close refused: another epoch's session
     "session_other_epoch_close": (("finish",), {"close_only": True}),  # and its close
-    # another process (a failed-over replica of the session service) binds and closes the same session under keys
-    # of its own, in any order with ours: one shared bind, one ref released (bind.replay, begin_close.replay,
-    # close.replay)
+    # another process (a failed-over replica of the session service) opens, binds and closes the same session under
+    # keys of its own, in any order with ours: one shared bind, one ref released (open.unseen, open.replay, open.late,
+    # bind.replay, begin_close.replay, close.replay). A session driver never opens (BindFirst creates the session);
+    # OpenSession is the registry's API for the session service.
     "session_shared": (("bind", "finish"), {}),
 }
 
@@ -618,7 +636,8 @@ def _session_world(name: str, budget: Budget) -> World:
     script, options = SESSION_SCENARIOS[name]
     w = _world(s, session(key, **options), budget)
     if name == "session_shared":
-        others = (("bind", BindFirst(key)), ("begin_close", BeginClose(key)), ("close", CloseAndRelease(key)))
+        others = (("open", OpenSession(key)), ("bind", BindFirst(key)), ("begin_close", BeginClose(key)),
+                  ("close", CloseAndRelease(key)))
         net = _sorted(("req", Submit(Call(op, STALE), event, f"{op}:other")) for op, event in others)
         w = attrs.evolve(w, net=net)
     return attrs.evolve(w, started=True, caller=script)
@@ -1050,6 +1069,10 @@ class DriverSystem:
             rest = w.net[:index] + w.net[index + 1:]
             kind, payload = message
             base = attrs.evolve(w, net=rest)
+            if b.breaks and kind == "req" and _breakable(payload):
+                broken = ("rep", Refusal(payload.call, BROKEN_PORT))
+                yield f"break {payload}", attrs.evolve(base, net=_sorted((*base.net, broken)),
+                                                       budget=attrs.evolve(b, breaks=b.breaks - 1))
             if kind == "rep":
                 yield f"deliver {payload}", self._feed(base, payload)[0]
             else:
@@ -1697,7 +1720,7 @@ def search(name: str, start: Any, successors: Callable[[Any], Iterator[tuple[str
 # Which actions are fair (taken eventually while enabled): every delivery, every answer, a timer that fires when
 # nothing else is in flight, the short retry pause, a caller's question, a request ending. A fault never is.
 UNFAIR = ("stage unknown ", "settle unknown ", "lose reply ", "lose request ", "dup ", "fire early ", "cancel",
-          "restart ")
+          "restart ", "break ")
 
 
 def fair(label: str) -> bool:
@@ -1885,10 +1908,19 @@ THREE_ENGINE_BOUNDS = (
     Budget(drops=0, dups=0, deadlines=1, cancels=0, engines=3),
     Budget(drops=0, dups=0, deadlines=0, cancels=0, crashes=1, engines=3),
 )
-# Rows no bound fires. The first six answer a refusal that only a party these scenarios leave out produces (a
-# rehydrate attempt that changes an engine's attempt under a pending cleanup; a forged or replayed reclaim id,
-# issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input that no executor
-# following driver_loop.py produces, and change nothing or end the work REJECTED.
+# One refusal no party here gives (`_breakable`), and a deadline that may fire early (so the refusal may come late):
+# fires the defensive rows of BROKEN_PORT_ROWS.
+BROKEN_PORT_BOUNDS = (Budget(drops=0, dups=0, deadlines=1, cancels=0, breaks=1),)
+BROKEN_PORT_ROWS = frozenset({"revision.refused", "live.refused", "incarnation.refused", "pending.refused",
+                              "settle.refused", "publish.stage_refused", "publish.settle_refused", "unload.refused",
+                              "unload.late_refusal", "confirm.refused", "cleaned.refused"})
+# Rows neither DRIVER_BOUNDS nor THREE_ENGINE_BOUNDS fires. Six answer a refusal that only a party these scenarios
+# leave out produces (a rehydrate attempt that changes an engine's attempt under a pending cleanup; a forged or
+# replayed reclaim id, issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input
+# that no executor following driver_loop.py produces, and change nothing or end the work REJECTED, UNKNOWN or
+# ABORTING. The crowd fires two (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS eleven (BROKEN_PORT_ROWS); the
+# rehydrate's three late rows no bound fires (an executor that delivered an answer twice: the tables are written for
+# an executor that delivers each answer once, and a check that delivered twice broke them everywhere).
 DEFENSIVE_ROWS = {
     "revision.refused": "a registry read is answered or lost; a typed refusal of it is a port outside its contract",
     "live.refused": "the same, for a take-over's read of the live lease fence",
@@ -1912,7 +1944,7 @@ DEFENSIVE_ROWS = {
 }
 
 
-# The registry's and the engines' rows no one-driver world's calls step through on DRIVER_BOUNDS (51 of 139). Most
+# The registry's and the engines' rows no one-driver world's calls step through on DRIVER_BOUNDS (48 of 139). Most
 # answer another process's stale, forged or late call, or a replay (here the journal answers a retried key whose
 # first call changed the state before the registry sees it, as the registry actor's journal does).
 # tests/model_checks/test_drivers.py holds this set exact, so a scenario that reaches one of them must take it out.
@@ -1925,7 +1957,6 @@ CORE_ROWS_NOT_REACHED = frozenset({
     "prepared.reclaiming", "prepared.late", "ready.unknown", "ready.stale_attempt", "ready.digest_mismatch",
     "ready.reclaiming", "ready.late", "unknown.unknown_version", "unknown.stale_attempt", "unknown.pending",
     "cleaned.unknown_version", "cleaned.stale_attempt", "cleaned.replay", "cleaned.live_attempt", "open.other_epoch",
-    "open.unseen", "open.replay", "open.late",
     "confirm.unknown", "confirm.not_claimed", "confirm.forged", "confirm.replay", "begin.other_attempt",
     "begin.reclaimed", "bucket.other_attempt", "bucket.out_of_order", "end.other_attempt", "end.incomplete",
     "cleanup.unstarted", "cleanup.other_attempt", "cleanup.reclaimed", "release.duplicate",
@@ -1935,14 +1966,12 @@ CORE_ROWS_NOT_REACHED = frozenset({
 
 
 # Of CORE_ROWS_NOT_REACHED, the rows the probes (DriverSystem.probe_problems) do not fire either on DRIVER_BOUNDS:
-# moves, which only a call makes (held exact by tests/model_checks/test_drivers.py). The probes fire the other 47:
+# moves, which only a call makes (held exact by tests/model_checks/test_drivers.py). The probes fire the other 45:
 # every late, forged, stale, foreign and replayed call the table answers without a change, at every registry and
 # engine state the worlds reach. Two of these the crowd's drivers reach (crowd.REACHED_TOGETHER); no driver makes
-# the other two (NO_DRIVER_MAKES), so those are the rows of the table no driver world reaches.
-CORE_ROWS_NOT_PROBED = frozenset({"cleanup.unstarted", "reclaim.staging", "open.unseen", "unknown.pending"})
+# the third (NO_DRIVER_MAKES), so it is the one row of the table no driver world reaches.
+CORE_ROWS_NOT_PROBED = frozenset({"cleanup.unstarted", "reclaim.staging", "unknown.pending"})
 NO_DRIVER_MAKES = {
-    "open.unseen": "OpenSession: a session driver binds at its first generation (BindFirst creates the session); "
-    "opening one first is the registry's API for a caller outside these drivers",
     "unknown.pending": "RecordUnknown of an attempt still staging: a stage driver whose engine call's outcome is "
     "unknown fails the attempt, which its settle driver aborts; only a cleanup records UNKNOWN (unknown.settled)",
 }
@@ -1971,10 +2000,10 @@ def rows_line(prefix: str, system: DriverSystem) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Model-check the driver machines against the real tables.")
-    for field, default in (("drops", 1), ("dups", 1), ("deadlines", 1), ("cancels", 1), ("crashes", 0)):
+    for field, default in (("drops", 1), ("dups", 1), ("deadlines", 1), ("cancels", 1), ("crashes", 0), ("breaks", 0)):
         parser.add_argument(f"--{field}", type=int, default=default)
     args = parser.parse_args(argv)
-    budget = Budget(args.drops, args.dups, args.deadlines, args.cancels, args.crashes)
+    budget = Budget(args.drops, args.dups, args.deadlines, args.cancels, args.crashes, breaks=args.breaks)
     results, system = check_all(budget, on_result=lambda r: print(
         f"{r.scenario:18s} states={r.states:7d} {r.seconds:6.1f}s {r.violation or 'ok'}"))
     print(f"{rows_line('driver', system)} states={sum(r.states for r in results)} "

@@ -1,18 +1,19 @@
 """The checker's suite, CHECKER_BOUNDS: every entry steps the real driver machines.
 
 An entry is (module, scenario, budget): `drivers` for a world of one driver (model_checks/drivers.py) on two engines
-(DRIVER_BOUNDS) or three (THREE_ENGINE_BOUNDS), `crowd` for several drivers in one world (model_checks/crowd.py).
+(DRIVER_BOUNDS) or three (THREE_ENGINE_BOUNDS), or with one port that answers a refusal outside its contract
+(BROKEN_PORT_BOUNDS), `crowd` for several drivers in one world (model_checks/crowd.py).
 Either way a world runs the very rows `runtime/driver_loop.py` executes (`lifecycle.drivers`, the table of
 spec/drivers.py) against the real registry and engine tables (`lifecycle.CORE`), over a network that loses,
 duplicates and reorders, with deadlines that fire early, callers that cancel, engines that restart and requests that
 end, each a finite budget. Each check searches every world it reaches for a safety violation, and then its graph for
 a cycle a weakly fair run can stay in while something is owed (liveness, fairness.py).
 
-Together the entries fire every row of every table but the driver table's DEFENSIVE_ROWS (less those a crowd fires)
-and the registry's NO_DRIVER_MAKES: the registry's and the engines' rows by the drivers' calls or by the probes
-(tests/model_checks/test_suite.py holds both lists exact).
+Together the entries fire every row of every table but the driver table's DEFENSIVE_ROWS (less those a crowd or the
+broken port fires) and the registry's NO_DRIVER_MAKES: the registry's and the engines' rows by the drivers' calls or by
+the probes (tests/model_checks/test_suite.py holds both lists exact).
 
-    python -m model_checks.suite [--jobs J]     one line per check, then the report line
+    python -m model_checks [--jobs J]     one line per check, then the report line
 """
 
 from __future__ import annotations
@@ -23,14 +24,23 @@ import time
 from collections.abc import Sequence
 
 from model_checks import crowd
-from model_checks.drivers import DRIVER_BOUNDS, SCENARIOS, THREE_ENGINE_BOUNDS, Budget, Checked, check_entries
+from model_checks.drivers import (
+    BROKEN_PORT_BOUNDS,
+    DRIVER_BOUNDS,
+    SCENARIOS,
+    THREE_ENGINE_BOUNDS,
+    Budget,
+    Checked,
+    check_entries,
+)
 from versioned_lora.spec.drivers import DRIVER_ROWS
 from versioned_lora.spec.table import ROWS
 
 Entry = tuple[str, str, Budget]
 
 CHECKER_BOUNDS: tuple[Entry, ...] = (
-    *(("drivers", name, budget) for budget in (*DRIVER_BOUNDS, *THREE_ENGINE_BOUNDS) for name in SCENARIOS),
+    *(("drivers", name, budget) for budget in (*DRIVER_BOUNDS, *THREE_ENGINE_BOUNDS, *BROKEN_PORT_BOUNDS)
+      for name in SCENARIOS),
     *(("crowd", name, budget) for name, budget in crowd.CHECKS),
 )
 

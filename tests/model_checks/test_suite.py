@@ -1,12 +1,14 @@
 """The checker's suite, CHECKER_BOUNDS (model_checks/suite.py): every entry steps the real driver machines, holds
 safety and liveness, and together the entries fire every row of every table but two lists, each held exact (a row
-that starts or stops firing fails here): the driver table's defensive rows that no crowd fires either, and the
-registry's rows no driver makes."""
+that starts or stops firing fails here): the driver table's defensive rows that no crowd and no broken port fires
+either, and the registry's rows no driver makes."""
 
 from __future__ import annotations
 
 from model_checks.crowd import DEFENSIVE_REACHED
 from model_checks.drivers import (
+    BROKEN_PORT_BOUNDS,
+    BROKEN_PORT_ROWS,
     DEFENSIVE_ROWS,
     NO_DRIVER_MAKES,
     B,
@@ -32,10 +34,13 @@ def test_every_entry_holds_and_together_they_fire_every_row_but_the_listed_ones(
     for entry, c in checked.items():
         assert c.result.violation is None, (entry, c.result.violation, c.result.trace)
     driver, calls, probed = rows_fired(list(checked.values()))
-    assert {r.id for r in DRIVER_ROWS} - driver == DEFENSIVE_ROWS.keys() - DEFENSIVE_REACHED
+    unfired = DEFENSIVE_ROWS.keys() - DEFENSIVE_REACHED - BROKEN_PORT_ROWS
+    assert {r.id for r in DRIVER_ROWS} - driver == unfired
     assert {r.id for r in ROWS} - (calls | probed) == set(NO_DRIVER_MAKES)
+    broken = rows_fired([c for (_, _, budget), c in checked.items() if budget in BROKEN_PORT_BOUNDS])[0]
+    assert broken >= BROKEN_PORT_ROWS and DEFENSIVE_ROWS.keys() >= BROKEN_PORT_ROWS  # fired by the broken port
     line = report_line(list(checked.values()))
-    fired = len(DRIVER_ROWS) + len(ROWS) - len(DEFENSIVE_ROWS.keys() - DEFENSIVE_REACHED) - len(NO_DRIVER_MAKES)
+    fired = len(DRIVER_ROWS) + len(ROWS) - len(unfired) - len(NO_DRIVER_MAKES)
     assert f" rows_fired={fired}/{len(DRIVER_ROWS) + len(ROWS)} violations=0 " in line, line
     print(line)
 

@@ -371,8 +371,10 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         doc="Commit under a key derived from the attempt and the revision it expects."),
     row("revision.lost", SE, "VIEWING", I.LOST, SAME, guards=("answers_revision",), commands=("read_revision",),
         doc="Nothing was sent: read again (after the executor's pause) until the commit's deadline."),
-    late("revision.refused", SE, "VIEWING", I.REFUSAL,
-         doc="A read is answered or lost; a refusal of it is a port outside its contract (the deadline decides)."),
+    row("revision.refused", SE, "VIEWING", I.REFUSAL, "ABORTING", guards=("answers_revision",),
+        commands=("disarm", "submit_abort", "arm_abort"),
+        doc="A read is answered or lost; a refusal of it is a port outside its contract. No commit was ever sent: "
+            "as at the deadline, abort (waiting for the deadline would leave its timer bounding no call)."),
     row("revision.deadline", SE, "VIEWING", I.DEADLINE, "ABORTING", commands=("submit_abort", "arm_abort"),
         doc="No commit was ever sent: the attempt is certainly not committed; abort it and clean what the answer "
             "names."),
@@ -780,8 +782,10 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         doc="Take over the fence read (lease.take_over) under the caller's key; none live: an ordinary acquire."),
     row("live.lost", LS, "VIEWING", I.LOST, SAME, guards=("answers_live_fence",), commands=("read_live_fence",),
         doc="Nothing was sent: read again (after the executor's pause) until the acquire's deadline."),
-    late("live.refused", LS, "VIEWING", I.REFUSAL,
-         doc="A read is answered or lost; a refusal of it is a port outside its contract (the deadline decides)."),
+    row("live.refused", LS, "VIEWING", I.REFUSAL, "DONE", guards=("answers_live_fence",), commands=("disarm_acquire",),
+        report=O.REJECTED,
+        doc="A read is answered or lost; a refusal of it is a port outside its contract. No take-over was sent: "
+            "the lease is as it was (waiting for the deadline would leave its timer bounding no call)."),
     row("live.deadline", LS, "VIEWING", I.DEADLINE, "DONE", guards=("acquire_timer",), report=O.UNKNOWN,
         doc="No take-over was sent: the lease is as it was. The caller is told its deadline passed, as at "
             "acquire.deadline."),
