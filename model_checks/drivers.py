@@ -66,6 +66,8 @@ Properties, on every reachable world:
                            COMMIT_UNRESOLVED, where the commit is retried until answered by design
   waits_for_what_it_sends  a call a row sends is one the machine's new phase waits for (a row of that
                            phase answers it): a reply no row waits for only lands on a late row
+  arms_what_it_acts_on     a coordinator's timer a row arms is one a row of the phase it moved to acts on when
+                           it fires (a row that changes something, whose guard names no other timer)
   waits_on_a_call          a machine whose phase waits for a call's answer has that call in flight (its
                            request, or its reply or loss in the inbox), and one whose phase waits to retry has
                            its retry pause armed (or fired): it never waits on its deadline alone
@@ -339,6 +341,9 @@ UNBOUNDED_BY_DESIGN |= {(Driver.LEASE, "RENEWING")}
 TIMED_CALLS = {"reserve": {"reserve"}, "commit": {"revision", "commit"}, "abort": {"abort"}, "claim": {"claim"},
                "bind": {"bind"}, "close": {"begin_close", "close"}, "incarnation": {"incarnation"},
                "restarted": {"restarted"}, "acquire": {"live_fence", "acquire"}}
+# The guards with which a row acts on a coordinator's timer, by the timer's name (lifecycle.drivers.GUARDS).
+TIMER_GUARDS = {f"{name}_timer": name for name in ("engine", "abort", "backoff", "report", "bind", "close",
+                                                  "incarnation", "restarted", "acquire", "renew")}
 # The guard with which a row answers each call (lifecycle.drivers.GUARDS).
 ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepared": "answers_prepared",
                 "bucket": "answers_bucket", "end": "answers_end", "probe": "answers_probe", "ready": "answers_ready",
@@ -376,7 +381,7 @@ LOCAL_WORK = (RunStage, WaitStored)
 # - An engine's reclaim, a reclaim's confirm, a cleanup's receipt: their refusal is caused by a party these worlds
 #   leave out (a forged or replayed reclaim id that reached the engine first, issue 19; a restart that replaced the
 #   attempt a receipt names).
-OUT_OF_CONTRACT = (ReadRevision, ReadLiveFence, ReadIncarnation, ViewPending, SettleAttempt, RunStage)
+OUT_OF_CONTRACT = (ReadRevision, ReadLiveFence, ReadIncarnation, ViewPending, ViewPlacement, SettleAttempt, RunStage)
 OTHER_PARTY = (ConfirmReclaim, RecordCleaned)  # the registry events whose refusal another party causes
 BROKEN_PORT = "REFUSED_BY_NO_PARTY_HERE"
 
@@ -793,6 +798,7 @@ class DriverSystem:
         self._fired: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = _FIRED if core is CORE else {}
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
         self._backoff_by_phase: dict[tuple[Any, str], bool] = {}
+        self._acts_on_by_phase: dict[tuple[Any, str, str], bool] = {}
 
     # ---- the registry's and an engine's table, counting the row each step fires; each step is checked (invariants,
     # step invariants, the frame and the `also` moves, the step properties)
@@ -858,6 +864,9 @@ class DriverSystem:
             if isinstance(c, CALLS) and not self._waits_for(step.state, c.call):
                 flags.append(f"waits_for_what_it_sends: {c.call} sent, and no row of the phase it moved to "
                              f"answers it")
+            if isinstance(c, Arm) and not c.timer.engine and not self._acts_on(step.state, c.timer.name):
+                flags.append(f"arms_what_it_acts_on: {c.timer.name} timer armed, and no row of "
+                             f"{step.state.phase} acts on it")
         if isinstance(inp, Deadline) and inp.timer.name == "backoff":  # a retry pause is no deadline
             for name, sub in subs_of(step.state).items():
                 was = subs_of(w.driver).get(name)
@@ -892,6 +901,17 @@ class DriverSystem:
                 r.machine is kind and phase in r.expanded_sources() and r.input is Input.ANSWER
                 and guard in r.guards and r.changes_state for r in self.drivers.rows))
         return self._awaited_by_phase[key]
+
+    def _acts_on(self, machine: Any, timer: str) -> bool:
+        """A row of the machine's phase changes something when the timer named `timer` fires (a row whose guard
+        names another timer does not count)."""
+        key = (MACHINE_OF[type(machine)], machine.phase, timer)
+        if key not in self._acts_on_by_phase:
+            kind, phase, _ = key
+            self._acts_on_by_phase[key] = any(
+                r.machine is kind and phase in r.expanded_sources() and r.input is Input.DEADLINE and r.changes_state
+                and all(TIMER_GUARDS.get(g, timer) == timer for g in r.guards) for r in self.drivers.rows)
+        return self._acts_on_by_phase[key]
 
     def _retries_on_backoff(self, machine: Any) -> bool:
         """The machine's phase retries its call when the retry pause fires (a row of it acts on that timer)."""
@@ -1912,15 +1932,14 @@ THREE_ENGINE_BOUNDS = (
 # fires the defensive rows of BROKEN_PORT_ROWS.
 BROKEN_PORT_BOUNDS = (Budget(drops=0, dups=0, deadlines=1, cancels=0, breaks=1),)
 BROKEN_PORT_ROWS = frozenset({"revision.refused", "live.refused", "incarnation.refused", "pending.refused",
-                              "settle.refused", "publish.stage_refused", "publish.settle_refused", "unload.refused",
-                              "unload.late_refusal", "confirm.refused", "cleaned.refused"})
+                              "placement.refused", "settle.refused", "publish.stage_refused", "publish.settle_refused",
+                              "unload.refused", "unload.late_refusal", "confirm.refused", "cleaned.refused"})
 # Rows neither DRIVER_BOUNDS nor THREE_ENGINE_BOUNDS fires. Six answer a refusal that only a party these scenarios
 # leave out produces (a rehydrate attempt that changes an engine's attempt under a pending cleanup; a forged or
 # replayed reclaim id, issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input
 # that no executor following driver_loop.py produces, and change nothing or end the work REJECTED, UNKNOWN or
-# ABORTING. The crowd fires two (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS eleven (BROKEN_PORT_ROWS); the
-# rehydrate's three late rows no bound fires (an executor that delivered an answer twice: the tables are written for
-# an executor that delivers each answer once, and a check that delivered twice broke them everywhere).
+# ABORTING or FAILED. The crowd fires two (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS the other twelve
+# (BROKEN_PORT_ROWS).
 DEFENSIVE_ROWS = {
     "revision.refused": "a registry read is answered or lost; a typed refusal of it is a port outside its contract",
     "live.refused": "the same, for a take-over's read of the live lease fence",
@@ -1932,10 +1951,8 @@ DEFENSIVE_ROWS = {
     "confirm.refused": "confirm.forged / confirm.not_claimed: a receipt under another reclaim id",
     "incarnation.refused": "an engine port answers its incarnation or is unreachable (Lost); a typed refusal of the "
     "read is an executor's port outside its contract",
-    "rehydrate.late_reply": "each of a rehydrate's calls is answered once and it arms no timer of its own, so nothing "
-    "reaches it after its answer (the row keeps an executor that delivered twice from raising)",
-    "rehydrate.late_refusal": "the same",
-    "rehydrate.late_lost": "the same",
+    "placement.refused": "a rehydrate's read of the registry's placement is answered or lost; a typed refusal of it "
+    "is a port outside its contract",
     "pending.refused": "the recovery's read of the registry's versions answers or is lost; a typed refusal of it is "
     "an executor's port outside its contract",
     "settle.refused": "a settle driver answers with its outcome (or its executor fails: Lost), never a refusal",

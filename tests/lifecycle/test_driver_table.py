@@ -100,7 +100,8 @@ def test_every_pair_is_covered_or_cannot_happen_and_rows_name_what_exists() -> N
         # spec/drivers.NOT_POSSIBLE: each uncovered pair is one an executor following driver_loop cannot reach
         assert (phase == "IDLE" and inp is not Input.START) or (inp is Input.START and phase != "IDLE") or (
             inp is Input.SETTLED and (machine, phase) not in waits_for_settled) or (
-            machine is Driver.STAGE and inp in engine_inputs and phase != "DONE"), (machine, phase, inp)
+            machine is Driver.STAGE and inp in engine_inputs and phase != "DONE") or (
+            machine is Driver.REHYDRATE and phase in ("READY", "FAILED")), (machine, phase, inp)
     ids = [r.id for r in DRIVER_ROWS]
     assert len(ids) == len(set(ids))
     for r in DRIVER_ROWS:

@@ -711,6 +711,9 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
             "stage driver: begin, each bucket, end, the probe, READY recorded)."),
     row("placement.lost", RH, "VIEWING", I.LOST, "FAILED", guards=("answers_placement",), commands=("note_failure",),
         doc="The registry could not be read: nothing was staged."),
+    row("placement.refused", RH, "VIEWING", I.REFUSAL, "FAILED", guards=("answers_placement",),
+        commands=("note_failure",),
+        doc="A read is answered or lost; a refusal of it is a port outside its contract: nothing was staged."),
     row("rehydrate.ready", RH, "STAGING", I.ANSWER, "READY", guards=("answers_rehydrate",),
         doc="READY recorded for this incarnation: requests for the version may go to the engine again."),
     row("rehydrate.refused", RH, "STAGING", I.REFUSAL, "FAILED", guards=("answers_rehydrate",),
@@ -718,9 +721,6 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         doc="The snapshot missing or corrupt, the engine refusing, the probe differing: not READY there."),
     row("rehydrate.lost", RH, "STAGING", I.LOST, "FAILED", guards=("answers_rehydrate",), commands=("note_failure",),
         doc="Not known to be READY: the registry's placement says what landed; reconciling again finishes it."),
-    late("rehydrate.late_reply", RH, "*", I.ANSWER, doc="Each of its calls is answered once: an executor's bug."),
-    late("rehydrate.late_refusal", RH, "*", I.REFUSAL),
-    late("rehydrate.late_lost", RH, "*", I.LOST),
     # ================================================================ recover (what a crashed publisher left)
     # The registry holds at most one attempt pending (it refuses a reserve while one is: reserve.while_pending), so a
     # recovery settles at most one. A LOADING attempt may be READY everywhere: its commit decides (the registry
@@ -895,6 +895,8 @@ NOT_POSSIBLE = {
     "Settled": "only a sub-machine that just finished produces it, and only while its coordinator waits for it "
     "(a session's generations exist from BOUND on, and the close waits for every one of them before CLEANING_UP)",
     "session Start": "a session has no Start: it waits for its caller's Bind, Generate, Resolve or Finish",
+    "rehydrate ended": "a rehydrate has one call in flight at a time, answered once, and no timer or cancel of its "
+    "own: nothing reaches it once it is READY or FAILED",
 }
 
 
