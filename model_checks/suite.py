@@ -9,9 +9,9 @@ duplicates and reorders, with deadlines that fire early, callers that cancel, en
 end, each a finite budget. Each check searches every world it reaches for a safety violation, and then its graph for
 a cycle a weakly fair run can stay in while something is owed (liveness, fairness.py).
 
-Together the entries fire every row of every table but the driver table's DEFENSIVE_ROWS (less those a crowd or the
-broken port fires) and the registry's NO_DRIVER_MAKES: the registry's and the engines' rows by the drivers' calls or by
-the probes (tests/model_checks/test_suite.py holds both lists exact).
+Together the entries fire every row of every table but the registry's NO_DRIVER_MAKES: every driver row (the
+defensive ones by a crowd or the broken port), the registry's and the engines' rows by the drivers' calls or by the
+probes (tests/model_checks/test_suite.py holds this exact).
 
     python -m model_checks [--jobs J]     one line per check, then the report line
 """

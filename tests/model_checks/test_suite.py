@@ -1,7 +1,7 @@
 """The checker's suite, CHECKER_BOUNDS (model_checks/suite.py): every entry steps the real driver machines, holds
-safety and liveness, and together the entries fire every row of every table but two lists, each held exact (a row
-that starts or stops firing fails here): the driver table's defensive rows that no crowd and no broken port fires
-either, and the registry's rows no driver makes."""
+safety and liveness, and together the entries fire every row of every table but the registry's rows no driver makes
+(held exact: a row that starts or stops firing fails here). Every driver row fires: the defensive ones that no
+one-driver bound fires are fired by a crowd or by the broken port (and the list of those is held exact too)."""
 
 from __future__ import annotations
 
