@@ -15,7 +15,8 @@ budget     faults left: drops (a request lost, or its reply lost after it was ap
            request delivered twice: applied again, answered to no one), deadlines (a timer fires early,
            while its call may still be in flight), cancels (the caller stops waiting), crashes (an
            engine restarts and the registry adopts its new incarnation), releases (an in-flight
-           request on an engine ends)
+           request on an engine ends), breaks (a call is answered by a refusal no party here gives:
+           `_breakable`)
 
 Actions: deliver any in-flight message (a request to its registry or engine, a reply to the driver),
 lose a request or its reply, or duplicate a request (budget), fire an armed timer (early: deadline
@@ -31,8 +32,8 @@ FinishUnload, and answers whether it is UNLOADED.
 Probes (the calls no driver here makes): at every registry and engine state a world reaches, every late, duplicated,
 stale, forged and other-epoch call that the table answers without a change (`lifecycle.enabled`'s faulty candidates)
 is sent once, and its answer and effects are checked by the step properties (`model_checks/step_properties.py`);
-they are self-loops, so they add no world. `CORE_ROWS_NOT_PROBED` is what the
-drivers' calls and the probes leave unfired together.
+they are self-loops, so they add no world. `CORE_ROWS_NOT_PROBED` is what the drivers' calls and the probes leave
+unfired together.
 
 Properties, on every reachable world:
   committed_stays_loaded   a version the registry committed and has not claimed for reclaim stays READY
@@ -386,9 +387,9 @@ OTHER_PARTY = (ConfirmReclaim, RecordCleaned)  # the registry events whose refus
 BROKEN_PORT = "REFUSED_BY_NO_PARTY_HERE"
 
 
-def _breakable(call: Any) -> bool:
-    return isinstance(call, (*OUT_OF_CONTRACT, ReclaimEngine)) or (
-        isinstance(call, Submit) and isinstance(call.event, OTHER_PARTY))
+def _breakable(command: Any) -> bool:
+    return isinstance(command, (*OUT_OF_CONTRACT, ReclaimEngine)) or (
+        isinstance(command, Submit) and isinstance(command.event, OTHER_PARTY))
 
 
 @attrs.frozen
@@ -403,7 +404,7 @@ class Budget:
     crashes: int = 0
     releases: int = 0
     engines: int = 2
-    breaks: int = 0  # a port answers a refusal outside its contract (BROKEN_PORT_BOUNDS)
+    breaks: int = 0  # a call answered by a refusal no party here gives (`_breakable`; BROKEN_PORT_BOUNDS)
 
 
 @attrs.frozen(cache_hash=True)
@@ -1168,8 +1169,8 @@ class DriverSystem:
     # ---- probes: what the tables answer, without a change, to a call no driver here makes
     def probe_problems(self, state: Any) -> tuple[str, ...]:
         """Every late, duplicated, stale, forged or other-epoch call the table answers without a change
-        (`lifecycle.enabled`'s faulty candidates), sent to one registry or engine
-        state the worlds reached: each is a self-loop, so only its row's answer and effects are checked (the step
+        (`lifecycle.enabled`'s faulty candidates), sent to one registry or engine state the worlds reached: each is
+        a self-loop, so only its row's answer and effects are checked (the step
         properties) and its row counted (`core_probed`); under a mutant table, one that changes the state, or that no
         row answers, is a problem too. Once per distinct state. A call whose reference row changes the state is no
         probe: such a call is an honest one, which only a driver decides to send."""
@@ -1937,9 +1938,9 @@ BROKEN_PORT_ROWS = frozenset({"revision.refused", "live.refused", "incarnation.r
 # Rows neither DRIVER_BOUNDS nor THREE_ENGINE_BOUNDS fires. Six answer a refusal that only a party these scenarios
 # leave out produces (a rehydrate attempt that changes an engine's attempt under a pending cleanup; a forged or
 # replayed reclaim id, issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input
-# that no executor following driver_loop.py produces, and change nothing or end the work REJECTED, UNKNOWN or
-# ABORTING or FAILED. The crowd fires two (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS the other twelve
-# (BROKEN_PORT_ROWS).
+# that no executor following driver_loop.py produces (a port outside its contract): each ends the wait for that call
+# at once (REJECTED, UNKNOWN, an abort, a failed rehydrate). The crowd fires two
+# (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS the other twelve (BROKEN_PORT_ROWS).
 DEFENSIVE_ROWS = {
     "revision.refused": "a registry read is answered or lost; a typed refusal of it is a port outside its contract",
     "live.refused": "the same, for a take-over's read of the live lease fence",
@@ -2007,8 +2008,8 @@ def check_all(budget: Budget = Budget(), drivers: Drivers = DRIVERS,
 
 def rows_line(prefix: str, system: DriverSystem) -> str:
     """The report's rows: the driver table's and the core's (registry and engine side) this checker fired, by the
-    drivers' calls or by the probes, and all of them together;
-    `core_rows_by_calls`: those the drivers' calls fired."""
+    drivers' calls or by the probes, and all of them together; `core_rows_by_calls`: those the drivers' calls
+    fired."""
     driver, calls = len(system.fired), len(system.core_fired)
     core = len(system.core_fired.keys() | system.core_probed.keys())
     return (f"{prefix}_rows_fired={driver}/{len(DRIVER_ROWS)} core_rows_fired={core}/{len(ROWS)} "
