@@ -286,8 +286,8 @@ def _stuck(c: Crowd) -> list[str]:
 
 
 def _owed(c: Crowd) -> frozenset[str]:
-    """What a crowd still owes (liveness): what each lane's driver owes its caller, and the spec's obligations on the
-    obligations its drivers work on, less those a lane's driver handed over (drivers.spec_owed)."""
+    """What a crowd still owes (liveness): what each lane's driver owes its caller, and the spec's obligations its
+    drivers work on, less those a lane's driver handed over (drivers.spec_owed)."""
     lanes = frozenset(f"L{i} {x}" for i in range(len(c.lanes)) for x in driver_owed(view(c, i)))
     return lanes | spec_owed(c.shared.registry, tuple((lane.driver, lane.reports) for lane in c.lanes))
 

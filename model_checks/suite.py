@@ -1,8 +1,8 @@
 """The checker's suite, CHECKER_BOUNDS: every entry steps the real driver machines.
 
 An entry is (module, scenario, budget): `drivers` for a world of one driver (model_checks/drivers.py) on two engines
-(DRIVER_BOUNDS) or three (THREE_ENGINE_BOUNDS), or with one port that answers a refusal outside its contract
-(BROKEN_PORT_BOUNDS), `crowd` for several drivers in one world (model_checks/crowd.py).
+(DRIVER_BOUNDS) or three (THREE_ENGINE_BOUNDS), or with one call answered by a refusal no party of these worlds
+gives (BROKEN_PORT_BOUNDS), `crowd` for several drivers in one world (model_checks/crowd.py).
 Either way a world runs the very rows `runtime/driver_loop.py` executes (`lifecycle.drivers`, the table of
 spec/drivers.py) against the real registry and engine tables (`lifecycle.CORE`), over a network that loses,
 duplicates and reorders, with deadlines that fire early, callers that cancel, engines that restart and requests that
