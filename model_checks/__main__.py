@@ -12,8 +12,9 @@ COMMANDS = {"suite": suite.main, "drivers": drivers.main, "crowd": crowd.main}
 
 
 def main(argv: list[str]) -> int:
-    name = argv[0] if argv and argv[0] in COMMANDS else "suite"
-    return COMMANDS[name](argv[1:] if argv and argv[0] in COMMANDS else argv)
+    if argv and argv[0] in COMMANDS:
+        return COMMANDS[argv[0]](argv[1:])
+    return suite.main(argv)
 
 
 if __name__ == "__main__":

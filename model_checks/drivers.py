@@ -264,7 +264,16 @@ from versioned_lora.lifecycle.errors import ProtocolError
 from versioned_lora.lifecycle.queries import servable_on
 from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.spec import LIVENESS
-from versioned_lora.spec.drivers import DRIVER_ROWS, SETTLES, TERMINAL, Driver, DriverOutcome, Input, SessionRefusal
+from versioned_lora.spec.drivers import (
+    DRIVER_ROWS,
+    SETTLES,
+    TERMINAL,
+    Driver,
+    DriverOutcome,
+    DriverRow,
+    Input,
+    SessionRefusal,
+)
 from versioned_lora.spec.events import (
     NO_FENCE,
     Abort,
@@ -798,8 +807,7 @@ class DriverSystem:
         self._probed: dict[Any, tuple[tuple[str, ...], tuple[str, ...]]] = _PROBED if core is CORE else {}
         self._fired: dict[tuple[Any, Any], tuple[Any, tuple[str, ...], bool]] = _FIRED if core is CORE else {}
         self._awaited_by_phase: dict[tuple[Any, str], frozenset[str]] = {}
-        self._backoff_by_phase: dict[tuple[Any, str], bool] = {}
-        self._acts_on_by_phase: dict[tuple[Any, str, str], bool] = {}
+        self._acting_by_phase: dict[tuple[Any, str, Input], tuple[DriverRow, ...]] = {}
 
     # ---- the registry's and an engine's table, counting the row each step fires; each step is checked (invariants,
     # step invariants, the frame and the `also` moves, the step properties)
@@ -893,36 +901,33 @@ class DriverSystem:
         machine = driver if not call.engine else subs_of(driver).get(call.engine)
         return machine is not None and call.op in self._awaited(machine)
 
+    def _acting(self, machine: Any, kind: Input) -> tuple[DriverRow, ...]:
+        """The rows of the machine's phase for `kind` that change something (the table's own index, filtered once
+        per phase: the properties ask on every world)."""
+        key = (MACHINE_OF[type(machine)], machine.phase, kind)
+        rows = self._acting_by_phase.get(key)
+        if rows is None:
+            rows = self._acting_by_phase[key] = tuple(r for r in self.drivers.rows_for(*key) if r.changes_state)
+        return rows
+
     def _awaited(self, machine: Any) -> frozenset[str]:
         """The calls whose answer a row of the machine's phase acts on (rows that change something)."""
         key = (MACHINE_OF[type(machine)], machine.phase)
         if key not in self._awaited_by_phase:
-            kind, phase = key
-            self._awaited_by_phase[key] = frozenset(op for op, guard in ANSWER_GUARD.items() if any(
-                r.machine is kind and phase in r.expanded_sources() and r.input is Input.ANSWER
-                and guard in r.guards and r.changes_state for r in self.drivers.rows))
+            rows = self._acting(machine, Input.ANSWER)
+            self._awaited_by_phase[key] = frozenset(
+                op for op, guard in ANSWER_GUARD.items() if any(guard in r.guards for r in rows))
         return self._awaited_by_phase[key]
 
     def _acts_on(self, machine: Any, timer: str) -> bool:
         """A row of the machine's phase changes something when the timer named `timer` fires (a row whose guard
         names another timer does not count)."""
-        key = (MACHINE_OF[type(machine)], machine.phase, timer)
-        if key not in self._acts_on_by_phase:
-            kind, phase, _ = key
-            self._acts_on_by_phase[key] = any(
-                r.machine is kind and phase in r.expanded_sources() and r.input is Input.DEADLINE and r.changes_state
-                and all(TIMER_GUARDS.get(g, timer) == timer for g in r.guards) for r in self.drivers.rows)
-        return self._acts_on_by_phase[key]
+        return any(all(TIMER_GUARDS.get(g, timer) == timer for g in r.guards)
+                   for r in self._acting(machine, Input.DEADLINE))
 
     def _retries_on_backoff(self, machine: Any) -> bool:
         """The machine's phase retries its call when the retry pause fires (a row of it acts on that timer)."""
-        key = (MACHINE_OF[type(machine)], machine.phase)
-        if key not in self._backoff_by_phase:
-            kind, phase = key
-            self._backoff_by_phase[key] = any(
-                r.machine is kind and phase in r.expanded_sources() and r.input is Input.DEADLINE
-                and "backoff_timer" in r.guards and r.changes_state for r in self.drivers.rows)
-        return self._backoff_by_phase[key]
+        return any("backoff_timer" in r.guards for r in self._acting(machine, Input.DEADLINE))
 
     # ---- a request reaches the registry or an engine: the real tables answer
     def _serve(self, w: World, command: Any) -> tuple[World, Any]:

@@ -9,7 +9,7 @@ the commands and feeds their outcomes back as inputs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, TypeAlias
 
 import attrs
@@ -1191,10 +1191,14 @@ class Drivers:
         if unknown:
             raise ValueError(f"driver rows name unknown guards or commands: {sorted(unknown)}")
 
+    def rows_for(self, machine: Driver, phase: str, kind: Input) -> Sequence[DriverRow]:
+        """The rows for `kind` in `phase` of `machine`, in table order: the candidates `select` tries."""
+        return self._by_pair.get((machine, phase, kind), ())
+
     def select(self, state: Any, sub: Any, inp: DriverInput) -> DriverRow:
         target = sub if sub is not None else state
         machine, kind = MACHINE_OF[type(target)], input_kind(inp)
-        for r in self._by_pair.get((machine, target.phase, kind), ()):
+        for r in self.rows_for(machine, target.phase, kind):
             if all(self.guards[g](state, sub, inp) for g in r.guards):
                 return r
         raise ProtocolError(f"no driver row for {machine}/{target.phase} on {kind}", machine=str(machine),
