@@ -1,5 +1,5 @@
 # The two entry points the README opens with. Both set up .venv/ first (idempotent).
-.PHONY: setup demo test test-fast lint docs
+.PHONY: setup demo test test-fast check-deep lint docs
 
 setup:
 	bash scripts/setup.sh
@@ -13,6 +13,11 @@ test: setup
 # For development: the core, the model checks and the engine basics (scripts/test.sh), under 15 minutes.
 test-fast: setup
 	bash scripts/test.sh --fast
+
+# The seed campaigns (mutants of the spec and of the drivers on seed 1), out of `make test`, which keeps a
+# fixed-seed smoke of each; .ci/run runs this after `make test`.
+check-deep: setup
+	.venv/bin/python -m pytest --tb=native -p no:cacheprovider -m deep tests/model_checks
 
 lint: setup
 	.venv/bin/ruff check versioned_lora tests model_checks gpu_validation scripts

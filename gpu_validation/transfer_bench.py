@@ -373,7 +373,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=20261129)
     parser.add_argument("--quick", action="store_true", help="small shapes (a CPU check of the code path)")
     parser.add_argument("--out", type=Path, help="also write the report here")
+    parser.add_argument("--loop", action="store_true", help="the publication's own per-bucket loop on ONE device, "
+                        "the broadcast replaced by a device-to-device copy (gpu_validation/bucket_loop.py)")
     args = parser.parse_args(argv)
+    if args.loop:
+        return _loop_main(args)
 
     import torch.multiprocessing as mp
 
@@ -443,6 +447,24 @@ def main(argv: list[str] | None = None) -> int:
         r16, r64 = pick(f"all_r16_b{first}"), pick(f"all_r64_b{first}")
         lines.append(f"# first send (cold): ratio_r16={r16['cold_ratio']:.3f} ratio_r64={r64['cold_ratio']:.3f}")
         lines.append(f"ratio_r16={r16['ratio']:.3f} ratio_r64={r64['ratio']:.3f} verify_s_r64={r64['verify_s']:.3f}")
+    report = "\n".join(lines)
+    print(report, flush=True)
+    if args.out is not None:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(report + "\n")
+    return 0
+
+
+def _loop_main(args: argparse.Namespace) -> int:
+    from gpu_validation import bucket_loop
+
+    cases = _quick_cases() if args.quick else [
+        Case(f"all_r{rank}_b{mib}", rank, ALL_LINEAR, mib * MiB) for rank in (16, 64) for mib in args.bucket_mib]
+    device = "cuda:0" if args.device == "cuda" else "cpu"
+    env = _environment(args.device)
+    stamp = datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds")
+    lines = [f"# bucket loop {stamp} device={args.device}", f"# env {env}",
+             *bucket_loop.run(cases, device, args.reps, args.warmup, args.seed)]
     report = "\n".join(lines)
     print(report, flush=True)
     if args.out is not None:

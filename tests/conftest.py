@@ -6,6 +6,8 @@ An engine that fails to start is an error for every test that needs it, never a 
 
 from __future__ import annotations
 
+import concurrent.futures
+import json
 import os
 import re
 import time
@@ -15,8 +17,9 @@ from pathlib import Path
 import attrs
 import pytest
 from engine_helpers import TEST_ENGINE_ARGS, engine_env
+from engine_pool import COUNTERS, PooledEngine, StandbyPool
 
-from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
+from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.sglang_patches.managed import hold_points
 from versioned_lora.spec.wire import SOURCE_ROOT_ENV
@@ -95,6 +98,45 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     _SUITE_TESTS.setdefault(suite, set()).add(report.nodeid)
 
 
+# ---------------------------------------------------------------- engine tests and cold starts
+# A test talks to a real engine if it asks (directly or through another fixture) for one of the fixtures that
+# start engines, or if an engine was started while it ran. Cold starts are counted where every engine start
+# goes through: EngineProcess.start (a standby's activation is not one; tests/engine_pool.py counts those).
+ENGINE_FIXTURES = frozenset({"engines", "standby_pool", "metrics_engine", "keyed", "four_engines", "scale_engines",
+                             "stock_engine"})
+_ENGINE_TESTS: set[str] = set()
+_cold_start = EngineProcess.start
+
+
+def _counted_start(self: EngineProcess, timeout_s: float = 300.0) -> None:
+    COUNTERS.cold_starts += 1
+    _cold_start(self, timeout_s)
+
+
+EngineProcess.start = _counted_start  # type: ignore[method-assign]
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None):  # type: ignore[no-untyped-def]
+    starts = COUNTERS.cold_starts + COUNTERS.standby_takes
+    yield
+    started_one = COUNTERS.cold_starts + COUNTERS.standby_takes > starts
+    if started_one or ENGINE_FIXTURES & set(getattr(item, "fixturenames", ())):
+        _ENGINE_TESTS.add(item.nodeid)
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The run's figures for scripts/test.sh's last line, where it asks for them ($VERSIONED_LORA_TEST_STATS)."""
+    target = os.environ.get("VERSIONED_LORA_TEST_STATS")
+    if not target:
+        return
+    stats = {"tests": sum(len(ids) for ids in _SUITE_TESTS.values()), "engine_tests": len(_ENGINE_TESTS),
+             **attrs.asdict(COUNTERS),
+             "suites": {suite: {"seconds": round(seconds, 1), "tests": len(_SUITE_TESTS[suite])}
+                        for suite, seconds in _SUITE_SECONDS.items()}}
+    Path(target).write_text(json.dumps(stats, indent=1, sort_keys=True) + "\n")
+
+
 @pytest.hookimpl(trylast=True)  # after the coverage table: the run ends with the suite times
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
     if not _SUITE_SECONDS:
@@ -104,6 +146,7 @@ def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
         terminalreporter.write_line(f"{suite:<24} {seconds:8.1f} s  ({len(_SUITE_TESTS[suite])} tests)")
     terminalreporter.write_line(f"{'sum':<24} {sum(_SUITE_SECONDS.values()):8.1f} s; "
                                 f"session {time.monotonic() - _SESSION_STARTED:.1f} s (with collection)")
+    terminalreporter.write_line(f"{COUNTERS.line()} engine_tests={len(_ENGINE_TESTS)}")
 
 
 @pytest.fixture(scope="session")
@@ -138,26 +181,47 @@ class EnginePair:
 
 @pytest.fixture(scope="session")
 def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePair]:
+    """E0 and E1, with a warm standby (tests/engine_pool.py) that serves every restart of either."""
     log_dir = Path(os.environ.get("VERSIONED_LORA_ENGINE_LOGS", tmp_path_factory.mktemp("engine-logs")))
-    configs = [
-        EngineConfig(
-            model_dir=fixtures.model_dir,
-            port=free_port_block(),
-            log_path=log_dir / f"E{i}.log",
-            extra_args=TEST_ENGINE_ARGS,
-            # Disk-sourced begins read the fixture cache and the tests' own temporary directories.
-            # Hold points inside the engine's calls (managed/hold_points.py), for the kill tests.
-            # (SGLANG_REQUEST_STATE_WAIT_TIMEOUT=1, tried so that a client disconnect is noticed sooner, made the
-            # engine abort requests whose clients were still connected, "disconnected (type 1)": left at 4 s.)
-            env=engine_env(**{SOURCE_ROOT_ENV: os.pathsep.join([str(fixtures.root),
-                                                                str(tmp_path_factory.getbasetemp())]),
-                              hold_points.ENV: "1"}),
-        )
-        for i in range(2)
-    ]
-    e0, e1 = start_all(configs)
+    template = EngineConfig(
+        model_dir=fixtures.model_dir,
+        port=0,  # each engine's own, below
+        extra_args=TEST_ENGINE_ARGS,
+        # Disk-sourced begins read the fixture cache and the tests' own temporary directories.
+        # Hold points inside the engine's calls (managed/hold_points.py), for the kill tests.
+        # (SGLANG_REQUEST_STATE_WAIT_TIMEOUT=1, tried so that a client disconnect is noticed sooner, made the
+        # engine abort requests whose clients were still connected, "disconnected (type 1)": left at 4 s.)
+        env=engine_env(**{SOURCE_ROOT_ENV: os.pathsep.join([str(fixtures.root),
+                                                            str(tmp_path_factory.getbasetemp())]),
+                          hold_points.ENV: "1"}),
+    )
+    pool = StandbyPool(template, log_dir)
+    pair = EnginePair(*(PooledEngine(attrs.evolve(template, port=free_port_block(), log_path=log_dir / f"E{i}.log",
+                                                  env=dict(template.env)), pool)
+                        for i in range(2)))
     try:
-        yield EnginePair(e0, e1)
+        start_in_parallel(list(pair))
+        pool.refill()  # the first standby starts now, at low priority, while the tests use E0 and E1
+        yield pair
     finally:
-        for engine in (e0, e1):
+        pool.close()
+        for engine in pair:
             engine.stop()
+
+
+def start_in_parallel(engines: list[EngineProcess]) -> None:
+    """Start engines together (each start is mostly waiting); if one fails, stop all and raise."""
+    with concurrent.futures.ThreadPoolExecutor(len(engines)) as starting:
+        futures = [starting.submit(engine.start) for engine in engines]
+    errors = [future.exception() for future in futures if future.exception() is not None]
+    if errors:
+        for engine in engines:
+            engine.stop()
+        raise errors[0]  # type: ignore[misc]
+
+
+@pytest.fixture(scope="session")
+def standby_pool(engines: EnginePair) -> StandbyPool:
+    """The session engines' standby, for a test that needs one more engine of their configuration."""
+    assert isinstance(engines.e0, PooledEngine)
+    return engines.e0.pool

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import io
 import json
 import os
 import sys
+import traceback
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,8 +55,53 @@ def connection_args(deployment: Any, tmp_path: Path, token: bool = True) -> list
 
 
 async def cli(*args: str) -> CliRun:
+    """`versioned-lora ARGS` run in this process (`versioned_lora.cli.main`, on a thread of its own, so that its
+    `asyncio.run` has a loop of its own): argument parsing, the command and its exit status as the console entry
+    point has them, its stdout and stderr captured. The command finds this process's Ray connection already made
+    (it joins a cluster only when none is: ops/commands.py), so `--address` is parsed but not dialled.
+
+    A child process costs an import of torch, SGLang and Ray (about 8 s on this host) a call; `cli_process` keeps
+    one for what only a process boundary shows: signals, the exit status a shell sees, the console."""
+    return await asyncio.wait_for(asyncio.to_thread(cli_here, *args), CLI_TIMEOUT_S)
+
+
+def cli_here(*args: str) -> CliRun:
+    """`versioned-lora ARGS` run in this thread (`cli`'s body, for tests without an event loop of their own)."""
+    from versioned_lora.cli import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with _console_env(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        try:
+            code = main(list(args))
+        except SystemExit as exit_:  # argparse's usage errors, sys.exit in a command
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+        except Exception:  # what the console entry point prints before it exits 1
+            traceback.print_exc()
+            code = 1
+    return CliRun(code, out.getvalue(), err.getvalue())
+
+
+@contextlib.contextmanager
+def _console_env() -> Iterator[None]:
+    """A wide console without colour, as the child processes are given (rich reads both when a Console is made)."""
+    saved = {name: os.environ.get(name) for name in _CONSOLE_ENV}
+    os.environ.update(_CONSOLE_ENV)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+_CONSOLE_ENV = {"COLUMNS": "200", "NO_COLOR": "1"}
+
+
+async def cli_process(*args: str) -> CliRun:
     """`python -m versioned_lora.cli ARGS` in a child process; its exit status, stdout and stderr."""
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1"}
+    env = {**os.environ, **_CONSOLE_ENV}
     child = await asyncio.create_subprocess_exec(sys.executable, "-m", "versioned_lora.cli", *args, env=env,
                                                  stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
     try:

@@ -9,6 +9,7 @@ import time
 import httpx
 import psutil
 import pytest
+from engine_pool import COUNTERS
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, EngineStartError, free_port_block
 from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV
@@ -32,6 +33,38 @@ def test_restart_mints_new_incarnation_and_leaves_no_orphans(engines) -> None:
     assert after["incarnation"] != before["incarnation"]
     assert after["adapters"] == []  # a new process starts with nothing loaded
     assert not [pid for pid in old_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+
+
+def test_a_restart_is_served_by_the_warm_standby_a_real_process_on_the_same_port(engines) -> None:
+    """The suite's pool (tests/engine_pool.py): a kill -9 and a restart give a new process, a new and larger
+    incarnation and the same address, and the standby that served it had bound no port before it was taken."""
+    engine = engines.e1
+    before = _status(engine.url)
+    takes = COUNTERS.standby_takes
+    engine.kill_hard()
+    with pytest.raises(httpx.HTTPError):
+        httpx.get(f"{engine.url}/health", timeout=5)
+    engine.restart()
+    after = _status(engine.url)
+    assert COUNTERS.standby_takes == takes + 1
+    assert after["pid"] == engine.pid != before["pid"]
+    assert after["incarnation"] > before["incarnation"]
+    assert psutil.Process(engine.pid).nice() == 0  # back to normal priority once it serves
+    assert engine.config.log_path is not None and "standby" in engine.config.log_path.name
+
+
+def test_a_standby_binds_no_port_until_it_is_activated(standby_pool, fixtures) -> None:
+    standby = standby_pool.take()
+    try:
+        listening = {c.laddr.port for pid in standby.process_ids()
+                     for c in psutil.Process(pid).net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+        assert standby.config.port not in listening  # no HTTP server yet
+        assert psutil.Process(standby.pid).nice() == 10
+        port = free_port_block()
+        standby.activate(port)
+        assert _status(standby.url)["pid"] == standby.pid and standby.config.port == port
+    finally:
+        standby.stop()
 
 
 def test_start_refuses_a_port_held_by_another_server(engines, fixtures) -> None:

@@ -1,17 +1,30 @@
 """CI runs the RFC §7.2 harness against the two CPU engines of the session and reads its report: every
-positive check PASS, both negative controls detected (FAIL). Budget: ~3-4 min (two fresh baseline engine
-processes started one after the other, ~60 s each on this host, plus ~60 requests)."""
+positive check PASS, both negative controls detected (FAIL). The harness's two fresh baseline processes come from
+the suite's standby pool (tests/engine_pool.py): real engine processes that never served a request, activated on a
+port of their own when the harness asks, instead of two cold starts of ~60 s each one after the other."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+from typing import Any
 
+import pytest
 from engine_helpers import TEST_TOKEN, capability_key_file
 
+from gpu_validation import harness
 from gpu_validation.__main__ import main
+from versioned_lora.adapters.engine_process import EngineProcess, free_port_block
 
 
-def test_harness_against_the_session_engines(engines, fixtures, tmp_path) -> None:
+def test_harness_against_the_session_engines(engines, fixtures, tmp_path, standby_pool,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    async def fresh_from_the_pool(spec: Any, label: str) -> EngineProcess:
+        process = await asyncio.to_thread(standby_pool.take)
+        await asyncio.to_thread(process.activate, free_port_block())
+        return process
+
+    monkeypatch.setattr(harness, "start_engine", fresh_from_the_pool)
     out = tmp_path / "gpu_validation"
     code = main(["run", "--engines", f"{engines.e0.url},{engines.e1.url}", "--token", TEST_TOKEN, "--out", str(out),
                  "--capability-key-file", str(capability_key_file())])

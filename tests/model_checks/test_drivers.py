@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import attrs
+import pytest
 
 from model_checks.drivers import (
     CORE_ROWS_NOT_PROBED,
@@ -148,6 +149,7 @@ def test_the_refused_abort_fallback_is_killed_by_a_property(script: Callable[[st
     assert "committed_stays_loaded" in detail  # the data loss itself: a committed default unloaded
 
 
+@pytest.mark.deep  # make check-deep; make test's smoke is the fixed mutant above
 def test_every_mutant_drawn_on_seed_1_is_killed_by_a_property() -> None:
     """Issue 17's bar on a fixed seed: K = N with no mutant dying only by the ProtocolError, and at most 10%
     of the draws argued equivalent. The script itself runs, in a process of its own without the suite's

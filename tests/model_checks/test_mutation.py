@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType
 
 import attrs
+import pytest
 
 from model_checks.drivers import Checked
 from model_checks.suite import CHECKER_BOUNDS, Entry
@@ -56,6 +57,7 @@ def test_the_checker_kills_by_a_property_and_not_by_a_crash(script: Callable[[st
     assert stale[0] is mutate.Verdict.PROPERTY and ": probe ReceiveBucket(" in stale[1], stale
 
 
+@pytest.mark.deep  # make check-deep; make test's smoke is the fixed pair above
 def test_mutation_script_seed_1_kill_counts(checked: dict[Entry, Checked], tmp_path: Path,
                                             script: Callable[[str], ModuleType]) -> None:
     baseline = tmp_path / "baseline.json"

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from pathlib import Path
+
+from ops_helpers import CliRun, cli_here
 
 from versioned_lora.ops.commands import Exit, publish_exit, reclaim_exit
 from versioned_lora.runtime.publisher import PublishStatus
@@ -14,25 +14,24 @@ from versioned_lora.spec.states import Machine
 STATE_MACHINES_DOC = Path(__file__).parents[2] / "docs" / "state-machines.md"
 
 
-def diagram(*args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "versioned_lora.cli", "diagram", *args], capture_output=True,
-                          text=True, timeout=120, check=False)
+def diagram(*args: str) -> CliRun:
+    return cli_here("diagram", *args)
 
 
 def test_diagram_of_each_machine_is_the_mermaid_block_of_the_committed_state_machines_doc() -> None:
     doc = STATE_MACHINES_DOC.read_text()
     for machine in Machine:
         out = diagram(machine.value)
-        assert out.returncode == 0, out.stderr
+        assert out.code == 0, out.stderr
         assert out.stdout.startswith("stateDiagram-v2\n")
         assert f"## {machine.value}\n\n```mermaid\n{out.stdout}```" in doc
 
 
 def test_diagram_without_a_machine_prints_all_and_an_unknown_machine_is_refused() -> None:
     out = diagram()
-    assert out.returncode == 0 and out.stdout.count("stateDiagram-v2") == len(Machine)
+    assert out.code == 0 and out.stdout.count("stateDiagram-v2") == len(Machine)
     refused = diagram("nope")
-    assert refused.returncode == Exit.ERROR and refused.stdout == ""
+    assert refused.code == Exit.ERROR and refused.stdout == ""
     assert "unknown machine 'nope'" in refused.stderr
 
 

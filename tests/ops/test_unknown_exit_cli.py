@@ -12,7 +12,7 @@ import asyncio
 
 from engine_helpers import run
 from lease_helpers import fence_of
-from ops_helpers import cli, connection_args
+from ops_helpers import cli_process, connection_args
 from test_publication_e2e import deployed
 
 from versioned_lora.lifecycle import VersionKey
@@ -32,7 +32,7 @@ def test_a_publish_whose_reserve_answer_is_held_past_its_deadline_exits_unknown_
             await fence_of(d.registry, HOLDER)
             begins = {e: x["managed_begin"] for e, x in (await d.audit()).items()}
             await d.handle.arm_fault.remote("after_commit", hold_s=HOLD_S, marker=str(tmp_path / "held"))
-            unknown = await cli("publish", str(fixtures.adapters["A"]), "--version-id", "A", "--holder", HOLDER,
+            unknown = await cli_process("publish", str(fixtures.adapters["A"]), "--version-id", "A", "--holder", HOLDER,
                                 *conn)
             assert unknown.code == Exit.UNKNOWN == 6, unknown.stdout + unknown.stderr
             receipt = unknown.receipt()
@@ -45,7 +45,7 @@ def test_a_publish_whose_reserve_answer_is_held_past_its_deadline_exits_unknown_
             assert view.managed_count() == 1
             assert {e: x["managed_begin"] for e, x in (await d.audit()).items()} == begins  # nothing staged
 
-            resolved = await cli("resolve", "--holder", HOLDER, *conn)
+            resolved = await cli_process("resolve", "--holder", HOLDER, *conn)
             assert resolved.code == Exit.OK, resolved.stdout + resolved.stderr
             assert resolved.receipt()["resolved"] == [
                 # The table decided: the commit was refused (commit.not_ready), so the driver aborted and cleaned.

@@ -22,7 +22,7 @@ from typing import Any
 import attrs
 import httpx
 
-from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV, PATCHES_ENV, STATUS_PATH
+from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV, PATCHES_ENV, STANDBY_FILE_ENV, STATUS_PATH
 
 # RFC "first supported configuration": two pinned managed adapters plus one free slot; radix cache
 # on (SGLang's default); overlap scheduling, speculative decoding and CUDA graphs off.
@@ -98,6 +98,8 @@ class EngineProcess:
         self.config = config
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_file: Any = None
+        self._activation: Path | None = None  # a standby's (start_standby)
+        self._standby_ready: Path | None = None
 
     @property
     def url(self) -> str:
@@ -112,21 +114,76 @@ class EngineProcess:
             raise RuntimeError(f"engine on port {self.config.port} is already running (pid {self._proc.pid})")
         if not _port_free(self.config.host, self.config.port):
             raise EngineStartError(f"port {self.config.port} is already in use; is an old engine still running?")
+        self._launch({})
+        self._wait_until_ours(timeout_s)
+
+    def start_standby(self, activation: Path, niceness: int = 10) -> None:
+        """Launch a warm standby and return at once: it loads the model and starts its scheduler (at `niceness`,
+        so that it yields the CPU to engines that serve), then waits, with no HTTP port bound, for `activate`.
+        `config.port` is not bound by a standby; the port SGLang derives its other ports from is still its own."""
+        activation.unlink(missing_ok=True)
+        self._standby_ready = activation.with_name(activation.name + ".ready")
+        self._standby_ready.unlink(missing_ok=True)
+        self._activation = activation
+        self._launch({STANDBY_FILE_ENV: str(activation)}, prefix=("nice", "-n", str(niceness)))
+
+    def standby_ready(self) -> bool:
+        """The standby has started everything but its HTTP server; raises if it died on the way."""
+        if self._proc is None or self._proc.poll() is not None:
+            code = None if self._proc is None else self._proc.returncode
+            log = self.config.log_path or default_log_path(self.config.port)
+            raise EngineStartError(f"standby engine exited with {code} before it was ready; log {log}:\n{_tail(log)}")
+        return self._standby_ready is not None and self._standby_ready.exists()
+
+    def activate(self, port: int, timeout_s: float = 300.0) -> None:
+        """Serve on `port`: the standby binds it, runs SGLang's warmup and answers as this process. Its priority
+        goes back to normal first (as root; elsewhere it stays niced, slower but correct)."""
+        import psutil
+
+        assert self._activation is not None, "activate() is for an engine started with start_standby()"
+        if not _port_free(self.config.host, port):
+            raise EngineStartError(f"port {port} is already in use; is an old engine still running?")
+        for pid in self.process_ids():
+            try:
+                psutil.Process(pid).nice(0)
+            except (psutil.Error, OSError):
+                pass
+        self.config.port = port
+        staged = self._activation.with_name(self._activation.name + ".tmp")
+        staged.write_text(str(port))
+        staged.replace(self._activation)
+        self._wait_until_ours(timeout_s)
+
+    def adopt(self, standby: EngineProcess, timeout_s: float = 300.0) -> None:
+        """Replace this (stopped or killed) engine by `standby`, activated on this engine's port: a new process
+        and a new incarnation on the same address, as a supervisor restarting it would give."""
+        if self._proc is not None and self._proc.poll() is None:
+            raise RuntimeError(f"engine on port {self.config.port} is still running (pid {self._proc.pid})")
+        standby.activate(self.config.port, timeout_s)
+        self._close_log()
+        self._proc, self._log_file = standby._proc, standby._log_file
+        self.config.log_path = standby.config.log_path
+        standby._proc = standby._log_file = None
+
+    def _launch(self, extra_env: dict[str, str], prefix: Sequence[str] = ()) -> None:
         cpu_threads = self.config.cpu_threads if self.config.cpu else None
         threads = {"OMP_NUM_THREADS": str(cpu_threads)} if cpu_threads else {}
-        env = {**os.environ, **threads, **self.config.env, PATCHES_ENV: ",".join(self.config.patches),
+        env = {**os.environ, **threads, **self.config.env, **extra_env, PATCHES_ENV: ",".join(self.config.patches),
                EXIT_WITH_PARENT_ENV: "1"}  # a killed owner (no cleanup ran) must not leave the engine running
         env.setdefault("PYTHONUNBUFFERED", "1")
         log_path = self.config.log_path or default_log_path(self.config.port)
         log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log_file = open(log_path, "ab")  # noqa: SIM115 - lives as long as the process
         self._proc = subprocess.Popen(
-            self.config.command(),
+            [*prefix, *self.config.command()],
             stdout=self._log_file,
             stderr=subprocess.STDOUT,
             env=env,
             start_new_session=True,
         )
+
+    def _wait_until_ours(self, timeout_s: float) -> None:
+        log_path = self.config.log_path or default_log_path(self.config.port)
         try:
             self._wait_healthy(timeout_s, log_path)
         except BaseException:
