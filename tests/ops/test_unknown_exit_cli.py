@@ -32,8 +32,8 @@ def test_a_publish_whose_reserve_answer_is_held_past_its_deadline_exits_unknown_
             await fence_of(d.registry, HOLDER)
             begins = {e: x["managed_begin"] for e, x in (await d.audit()).items()}
             await d.handle.arm_fault.remote("after_commit", hold_s=HOLD_S, marker=str(tmp_path / "held"))
-            unknown = await cli_process("publish", str(fixtures.adapters["A"]), "--version-id", "A", "--holder", HOLDER,
-                                *conn)
+            unknown = await cli_process("publish", str(fixtures.adapters["A"]), "--version-id", "A",
+                                        "--holder", HOLDER, *conn)
             assert unknown.code == Exit.UNKNOWN == 6, unknown.stdout + unknown.stderr
             receipt = unknown.receipt()
             assert (receipt["status"], receipt["reason"]) == ("UNKNOWN", "RESERVE_OUTCOME_UNKNOWN")
