@@ -14,7 +14,19 @@ from versioned_lora.spec.reasons import Reason
 # Bumped on any change to what the managed endpoints take or answer that a publisher of another version
 # would misread.
 PROTOCOL_VERSION = 2
-PROTOCOL_MISMATCH = "PROTOCOL_MISMATCH"  # the typed refusal a publisher raises for an engine of another version
+
+
+class PortRefusal(StrEnum):
+    """What the library's engine ports refuse on their own, before a call is sent (`adapters.engine_staging`)."""
+
+    PROTOCOL_MISMATCH = "PROTOCOL_MISMATCH"  # the engine speaks another protocol version: no begin is sent
+    # The engine accepts none of the keys the registry signs under (`capabilities.key_id`, both ids in the message):
+    # no begin, cleanup or reclaim is sent; the deployment's key files differ (docs/runbook.md, "KEY_MISMATCH").
+    KEY_MISMATCH = "KEY_MISMATCH"
+
+
+PROTOCOL_MISMATCH = PortRefusal.PROTOCOL_MISMATCH
+KEY_MISMATCH = PortRefusal.KEY_MISMATCH
 
 # ---- HTTP
 MANAGED_PREFIX = "/versioned_lora/"  # POST MANAGED_PREFIX + operation (begin, bucket, end, cleanup, reclaim, ...)

@@ -133,7 +133,8 @@ class ManagedAPI:
     # The registry's key (versioned_lora.capabilities): a cleanup or reclaim is carried out only on a valid
     # capability for that exact name, action and attempt/reclaim id (issue 19: a reclaim with another
     # version's reclaim id unloaded the live default). Required, read once, at start.
-    capability_key: bytes = attrs.field(factory=lambda: require_capability_key())
+    # During a rotation (capabilities.KeyRing) the previous key is accepted too, until its stated time.
+    capability_key: capabilities.KeyRing = attrs.field(factory=lambda: require_capability_key())
 
     def _authorize(self, body: dict[str, Any], action: capabilities.Action, name: str, reference: str) -> None:
         given = body.get("capability")
@@ -141,7 +142,7 @@ class ManagedAPI:
             raise BadRequest(EngineRefusal.CAPABILITY_MISSING,
                              f"{action} of {name!r} needs the registry's capability", 403,
                              field="capability")
-        if not capabilities.verify(self.capability_key, given, action, name, reference):
+        if not capabilities.verify_any(self.capability_key, given, action, name, reference):
             raise BadRequest(EngineRefusal.CAPABILITY_INVALID,
                              f"the capability is not the registry's for {action} of {name!r} "
                              f"under {reference!r}", 403, field="capability")
@@ -321,18 +322,26 @@ class MissingCapabilityKey(RuntimeError):
     not tell an unload the registry decided from one a token holder made up."""
 
 
-def require_capability_key() -> bytes:
+def require_capability_key() -> capabilities.KeyRing:
+    """The engine's key ring, read from its environment once per process (the key files are read at start)."""
+    global _KEYRING
+    if _KEYRING is not None:
+        return _KEYRING
     try:
-        key = capabilities.key_from_env()
+        ring = capabilities.keyring_from_env()
     except (OSError, capabilities.CapabilityKeyError) as exc:
         raise MissingCapabilityKey(f"the capability key could not be read: {exc}") from None
-    if key is None:
+    if ring is None:
         raise MissingCapabilityKey(
-            f"versioned-lora managed engines need the registry's capability key: ${capabilities.KEY_FILE_ENV} (a "
-            f"0600 file the registry actor reads too) or ${capabilities.KEY_ENV}; `versioned-lora engine` "
-            f"creates one (docs/integration.md, 'Capabilities')"
+            f"versioned-lora managed engines need the deployment's capability key: ${capabilities.KEY_FILE_ENV} (a "
+            f"0600 file the registry actor reads too) or ${capabilities.KEY_ENV}; `versioned-lora keygen PATH` "
+            f"makes one (docs/runbook.md, 'KEY_MISMATCH')"
         )
-    return key
+    _KEYRING = ring
+    return ring
+
+
+_KEYRING: capabilities.KeyRing | None = None
 
 
 def require_token() -> str:
@@ -451,4 +460,8 @@ def protocol() -> dict[str, Any]:
         "manifest_formats": sorted(KNOWN_HASH_KINDS),
         "manifest_hash_kinds": sorted(set(KNOWN_HASH_KINDS.values())),
         "capabilities_required": True,  # always: a managed engine does not start without the key
+        # The keys' ids (a hash of each, never a key), the current first and a previous one while its rotation
+        # window is open: an engine port compares them with the registry's before its first call (KEY_MISMATCH).
+        "key_id": capabilities.key_id(require_capability_key().current),
+        "key_ids": list(require_capability_key().ids()),
     }
