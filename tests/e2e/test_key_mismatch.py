@@ -10,10 +10,11 @@ from pathlib import Path
 from typing import Any
 
 from deployment import Deployment
-from engine_helpers import client_for, run
+from engine_helpers import capability_key_file, client_for, run
 
-from versioned_lora.capabilities import write_key_file
+from versioned_lora.capabilities import key_id, parse_key, write_key_file
 from versioned_lora.runtime.interfaces import EngineRefused
+from versioned_lora.spec.states import VersionState
 
 
 class RefusalsSeen:
@@ -50,6 +51,19 @@ def test_a_registry_with_another_key_is_refused_key_mismatch_before_any_begin(
             after = await d.audit()
             assert {e: c["managed_begin"] for e, c in after.items()} == {
                 e: c["managed_begin"] for e, c in before.items()}  # no begin reached either engine
+            # Both ids named (never a key): the engine's, as its status advertises it, and the registry's.
+            engine_id = key_id(parse_key(capability_key_file().read_text()))
+            registry_id = key_id(parse_key(other_key.read_text()))
+            assert engine_id in refused.detail and registry_id in refused.detail, refused.detail
+            for client in d.clients.values():
+                protocol = (await client.status())["protocol"]
+                assert (protocol["key_id"], protocol["key_ids"]) == (engine_id, [engine_id])
+            assert await d.registry.key_ids() == (registry_id,)
+            view = await d.registry.publication_view()
+            assert view.versions[a_version].state is not VersionState.PUBLISHED and view.default is None, view
+            for client in d.clients.values():  # nothing staged: no stash, no managed adapter of this epoch
+                status = await client.status()
+                assert not [m for m in status["managed"] if str(d.epoch) in m["name"]], status["managed"]
         finally:
             for deployment_client in d.clients.values():  # teardown (not the protocol), signed with the suite's key
                 async with client_for(deployment_client.base_url) as client:
