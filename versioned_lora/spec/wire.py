@@ -39,7 +39,6 @@ SOURCE_ROOT_ENV = "VERSIONED_LORA_SOURCE_ROOT"  # where a `begin` may read a can
 PATCHES_ENV = "VERSIONED_LORA_PATCHES"  # which patch set to apply (sglang_patches.mechanism)
 EXIT_WITH_PARENT_ENV = "VERSIONED_LORA_EXIT_WITH_PARENT"  # the engine exits when the process that started it does
 STAGING_ADDRESS_ENV = "VERSIONED_LORA_STAGING_ADDRESS"  # the HTTP server's channel to the scheduler's stash
-TEST_HOLD_POINTS_ENV = "VERSIONED_LORA_TEST_HOLD_POINTS"  # "1": the test-only hold points may be armed
 # How the scheduler verifies a stash: "pipelined" (the default: each bucket hashed as it lands) or
 # "after-last-bucket" (every hash after the last bucket, on one thread: the verification as it was before,
 # kept only as the baseline benchmarks/end_phase.py measures the default against in the same run).

@@ -25,7 +25,7 @@ from fastapi import Request  # module level: FastAPI resolves the endpoint's ann
 from versioned_lora import capabilities
 from versioned_lora.adapters.manifest import KNOWN_HASH_KINDS, Manifest, ManifestError, UnsupportedManifest
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
-from versioned_lora.sglang_patches.managed import audit, fields, hold_points, metrics, staging_channel
+from versioned_lora.sglang_patches.managed import audit, fields, metrics, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import (
     CandidateRefused,
     EngineOperationError,
@@ -122,7 +122,6 @@ _BUCKET_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "index"
 _END_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "probe_input_ids"})
 _CLEANUP_FIELDS = frozenset({"lora_name", "attempt_token", "capability"})
 _RECLAIM_FIELDS = frozenset({"lora_name", "reclaim_id", "wait_s", "capability"})
-_HOLD_FIELDS = frozenset({"point", "lora_name", "release"})
 MAX_PROBE_TOKENS = 256
 MAX_WAIT_S = 600.0
 
@@ -284,21 +283,6 @@ class ManagedAPI:
         self._authorize(body, capabilities.Action.RECLAIM, name, reclaim_id)
         return await self.engine.reclaim(name, reclaim_id, wait_s)
 
-    async def test_hold(self, body: dict[str, Any]) -> Any:
-        """Arm (or release) a test-only hold point (managed/hold_points.py); refused unless the engine was
-        started with them."""
-        fields.only(body, _HOLD_FIELDS, "test_hold")
-        point = fields.string(body, "point", fields.TOKEN_RE, max_len=16)
-        if point not in hold_points.POINTS:
-            raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
-                             f"field 'point' must be one of {list(hold_points.POINTS)}",
-                             field="point")
-        if fields.boolean(body, "release", default=False):
-            hold_points.HOLDS.release(point)
-        else:
-            hold_points.HOLDS.arm(point, _managed_name(body))
-        return hold_points.HOLDS.status()
-
 
 def _to_json(value: Any) -> Any:
     if attrs.has(type(value)):
@@ -432,10 +416,22 @@ def install(app: Any, engine: ManagedEngine) -> None:
         "end": api.end,
         "cleanup": api.cleanup,
         "reclaim": api.reclaim,
-        "test_hold": api.test_hold,
     }.items():
         app.add_api_route(f"{PREFIX}/{path}", route(handler), methods=["POST"])
     app.add_api_route(f"{PREFIX}/begin", route(api.begin, MAX_BEGIN_BODY), methods=["POST"])
+    _ROUTES.append(lambda path, handler: app.add_api_route(f"{PREFIX}/{path}", route(handler), methods=["POST"]))
+
+
+# How a later patch set adds a managed endpoint (token, body limits, typed envelope: the same `route` as above),
+# e.g. the test-only `test_faults` set's `test_hold`. Set by `install`.
+_ROUTES: list[Callable[[str, Callable[[dict[str, Any]], Any]], None]] = []
+
+
+def add_managed_route(path: str, handler: Callable[[dict[str, Any]], Any]) -> None:
+    """Serve ``/versioned_lora/<path>`` with `handler`, as the managed endpoints are served."""
+    if not _ROUTES:
+        raise RuntimeError(f"/versioned_lora/{path} needs the managed patch set, applied before it")
+    _ROUTES[-1](path, handler)
 
 
 def _adapter_view(engine: ManagedEngine, body: dict[str, Any]) -> Any:
@@ -448,8 +444,7 @@ async def status_extension(engine: ManagedEngine) -> dict[str, Any]:
         scheduler = await staging_channel.call("status")
     except SchedulerCallFailed as exc:
         scheduler = {"error": str(exc)}
-    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler, "protocol": protocol(),
-            "hold_points": hold_points.HOLDS.status()}
+    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler, "protocol": protocol()}
 
 
 def protocol() -> dict[str, Any]:
