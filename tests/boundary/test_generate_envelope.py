@@ -9,15 +9,21 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from versioned_lora.sglang_patches.managed.generate_envelope import BODY, validation_field, value_error_field
+from versioned_lora.sglang_patches.managed.generate_envelope import (
+    BODY,
+    validation_field,
+    validation_message,
+    value_error_field,
+)
 from versioned_lora.spec.wire import ENGINE_CODES
 
 PROMPT = b"[10, 11, 12]"
 # (case, raw body, the field the refusal must name). Reason: MALFORMED_REQUEST, but where the managed gate's own
 # reason applies (an id outside the vocabulary).
 CASES = [
-    ("nan_in_ids", b'{"input_ids": [1, NaN, 3]}', "input_ids"),
-    ("infinity_in_ids", b'{"input_ids": [Infinity]}', "input_ids"),
+    # FastAPI's JSON decoder refuses NaN/Infinity literals as not JSON: a position, no field.
+    ("nan_in_ids", b'{"input_ids": [1, NaN, 3]}', BODY),
+    ("infinity_in_ids", b'{"input_ids": [Infinity]}', BODY),
     ("fractional_id", b'{"input_ids": [1.5, 2]}', "input_ids"),
     ("ids_a_string", b'{"input_ids": "abc"}', "input_ids"),
     ("sampling_params_a_number", b'{"input_ids": ' + PROMPT + b', "sampling_params": 7}', "sampling_params"),
@@ -44,6 +50,7 @@ def test_a_generate_refused_before_the_managed_gate_is_typed(engines, case: str,
         assert response.status_code == 400, (case, response.status_code, response.text[:500])
         error = response.json()["error"]
         assert error["reason"] in ENGINE_CODES and error["message"], (case, error)
+        assert "File " not in error["message"] and len(error["message"]) < 2000, (case, error)  # no echo, no paths
         assert error["field"] == field if field is not None else error["field"], (case, error)
         assert client.get("/health").status_code == 200
 
@@ -56,3 +63,5 @@ def test_the_field_is_read_from_pydantic_locations_and_sglang_messages() -> None
     assert value_error_field("Duplicate request IDs detected within the request: ['a']") == "rid"
     assert value_error_field("Duplicate request ID detected: a") == "rid"
     assert value_error_field("something else must be right") == BODY
+    message = validation_message([{"loc": ("body", "input_ids"), "msg": "Input should be a list", "input": "x" * 9}])
+    assert message == "the body does not parse: body.input_ids: Input should be a list"

@@ -5,10 +5,11 @@ SGLang 0.5.23 refuses a bad `/generate` in three places the managed gate (`gener
 run in, each with an envelope of its own and no reason:
 
 - FastAPI's parse of the body into `GenerateReqInput` (``http_server.generate_request``'s ``obj`` parameter):
-  a body that is not an object, a field of the wrong type (``"input_ids": "abc"``, a NaN literal in a list of
-  ints) raise `RequestValidationError`, which ``http_server.validation_exception_handler`` answers
-  ``{"object": "error", "message", "type", "code"}``; a body the JSON decoder gives up on (nested past Python's
-  recursion limit) raises FastAPI's `HTTPException` 400, answered by SGLang's `HTTPException` handler alike.
+  a body that is not JSON (a NaN or Infinity literal: its decoder is strict; nesting past its depth limit), not an
+  object, or with a field of the wrong type (``"input_ids": "abc"``, a fractional id) raise
+  `RequestValidationError`, which ``http_server.validation_exception_handler`` answers
+  ``{"object": "error", "message", "type", "code"}``; a body the decoder raises anything else on gets FastAPI's
+  `HTTPException` 400, answered by SGLang's `HTTPException` handler alike.
   We put a handler of ours in front of both in ``app.exception_handlers``, for ``/generate`` only.
 - SGLang's own checks inside ``TokenizerManager.generate_request`` (``SamplingParams.verify``: ``top_k`` 0,
   non-finite numbers; ``GenerateReqInput._validate_rid_uniqueness``: duplicate rids in a batch; our own
@@ -53,6 +54,14 @@ SAMPLING_PARAMS = frozenset({
 def refusal(reason: str, field: str, message: str) -> dict[str, Any]:
     metrics.count_refusal("generate", reason)
     return {"error": {"reason": reason, "field": field, "message": message}}
+
+
+def validation_message(errors: Any) -> str:
+    """pydantic's errors as `location: message`, without the input they echo (a body may be megabytes) or the
+    server's source location FastAPI adds to the exception's text."""
+    shown = [f"{'.'.join(str(part) for part in e.get('loc', ()))}: {e.get('msg', '')}"
+             for e in (errors if isinstance(errors, (list, tuple)) else [])[:3] if isinstance(e, dict)]
+    return "the body does not parse: " + ("; ".join(shown) or "invalid")
 
 
 def validation_field(errors: Any) -> str:
@@ -100,7 +109,7 @@ def install() -> None:
         if request.url.path != GENERATE_PATH:
             return await stock_validation(request, exc)
         return ORJSONResponse(status_code=400, content=refusal(
-            EngineRefusal.MALFORMED_REQUEST, validation_field(exc.errors()), f"the body does not parse: {exc}"))
+            EngineRefusal.MALFORMED_REQUEST, validation_field(exc.errors()), validation_message(exc.errors())))
 
     async def http_error(request: Any, exc: HTTPException) -> Any:
         # FastAPI's 400 "There was an error parsing the body" (fastapi.routing.get_request_handler): a body its JSON
