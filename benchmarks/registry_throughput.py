@@ -37,6 +37,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
+from versioned_lora.capabilities import write_key_file
 from versioned_lora.lifecycle import (
     AcquireLease,
     BindFirst,
@@ -126,7 +127,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
              configure_logging=False)
     workdir = Path(tempfile.mkdtemp(prefix="registry-bench-"))
     handle = create_registry_actor(workdir / "registry.sqlite", name=f"registry-bench-{uuid.uuid4().hex[:8]}",
-                                   engines=ENGINES, epoch=EPOCH)
+                                   engines=ENGINES, epoch=EPOCH,
+                                   # keyed as deployed: every answer carries the key ids (issue 41)
+                                   capability_key_file=write_key_file(workdir / "capability.key"))
     registry = RayRegistry(handle)
     sessions = Sessions()
     try:

@@ -16,12 +16,11 @@ from pathlib import Path
 
 import attrs
 import pytest
-from engine_helpers import TEST_ENGINE_ARGS, engine_env
+from engine_helpers import TEST_ENGINE_ARGS, TEST_PATCHES, engine_env
 from engine_pool import COUNTERS, PooledEngine, StandbyPool
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
 from versioned_lora.fixtures import Fixtures, build_fixtures
-from versioned_lora.sglang_patches.managed import hold_points
 from versioned_lora.spec.wire import SOURCE_ROOT_ENV
 
 ALLOWLIST_PATH = Path(__file__).with_name("skip_allowlist.txt")
@@ -187,13 +186,14 @@ def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Ite
         model_dir=fixtures.model_dir,
         port=0,  # each engine's own, below
         extra_args=TEST_ENGINE_ARGS,
+        # Hold points and injected faults inside the engine's calls (the test-only patch set "test_faults",
+        # managed/hold_points.py), for the kill and fault tests: loaded by the test flag TEST_PATCHES only.
+        patches=TEST_PATCHES,
         # Disk-sourced begins read the fixture cache and the tests' own temporary directories.
-        # Hold points inside the engine's calls (managed/hold_points.py), for the kill tests.
         # (SGLANG_REQUEST_STATE_WAIT_TIMEOUT=1, tried so that a client disconnect is noticed sooner, made the
         # engine abort requests whose clients were still connected, "disconnected (type 1)": left at 4 s.)
         env=engine_env(**{SOURCE_ROOT_ENV: os.pathsep.join([str(fixtures.root),
-                                                            str(tmp_path_factory.getbasetemp())]),
-                          hold_points.ENV: "1"}),
+                                                            str(tmp_path_factory.getbasetemp())])}),
     )
     pool = StandbyPool(template, log_dir)
     pair = EnginePair(*(PooledEngine(attrs.evolve(template, port=free_port_block(), log_path=log_dir / f"E{i}.log",

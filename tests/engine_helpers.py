@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from versioned_lora import capabilities
+from versioned_lora.adapters.engine_process import DEFAULT_PATCHES
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
 from versioned_lora.spec.wire import TOKEN_ENV
@@ -33,6 +34,10 @@ TEST_TOKEN = "test-secret-7f3a"
 # _make_abort_req), after the tokenizer manager acquired the LoRA reference. The refcount tests use
 # it as an on-demand 5xx; requests without a priority are unaffected.
 TEST_ENGINE_ARGS = ("--abort-on-priority-when-disabled",)
+
+# The test flag for engine-side faults (issue 41): the default patch sets plus the test-only "test_faults" set (hold
+# points, injected faults: managed/hold_points.py). Only engines started with it have them.
+TEST_PATCHES = (*DEFAULT_PATCHES, "test_faults")
 
 
 # ---- the registry's capability key of the test session (issue 19) -------------------------------------------

@@ -15,16 +15,22 @@ Pure stdlib: imported by the registry adapter and by the engine patch alike.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import os
 import secrets
+import time
 from collections.abc import Mapping
 from enum import StrEnum
 from pathlib import Path
 
 KEY_ENV = "VERSIONED_LORA_CAPABILITY_KEY"  # hex; the same value in the registry actor and every engine
 KEY_FILE_ENV = "VERSIONED_LORA_CAPABILITY_KEY_FILE"  # or: a file (0600) holding that hex, read at start
+# Rotation: the key the deployment used before, accepted (and signed under) until a stated time, then ignored.
+PREVIOUS_KEY_ENV = "VERSIONED_LORA_PREVIOUS_CAPABILITY_KEY"
+PREVIOUS_KEY_FILE_ENV = "VERSIONED_LORA_PREVIOUS_CAPABILITY_KEY_FILE"
+PREVIOUS_KEY_UNTIL_ENV = "VERSIONED_LORA_PREVIOUS_CAPABILITY_KEY_UNTIL"  # unix seconds, or ISO 8601 with offset
 PREFIX = "vlcap1."  # the format; a capability of another format is refused like a forged one
 _DOMAIN = b"versioned-lora capability v1"
 MAX_LENGTH = len(PREFIX) + 64
@@ -36,7 +42,38 @@ class Action(StrEnum):
 
 
 class CapabilityKeyError(ValueError):
-    """The configured key is not 32 or more bytes of hex."""
+    """The configured key is not 32 or more bytes of hex (or a previous key has no stated window)."""
+
+
+class KeyRequired(CapabilityKeyError):
+    """No key is configured where one is required (a registry not built `insecure=True`, a managed engine)."""
+
+
+_KEY_ID_DOMAIN = b"versioned-lora key id v1\n"
+
+
+def key_id(key: bytes) -> str:
+    """The key's public name: a hash of it (never the key), equal in the registry and in every engine that holds
+    the same key. 64 bits: enough to tell a deployment's keys apart, useless to recover the key."""
+    return "kid-" + hashlib.sha256(_KEY_ID_DOMAIN + key).hexdigest()[:16]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeyRing:
+    """The current key and, during a rotation, the previous one until `previous_until` (unix seconds)."""
+
+    current: bytes
+    previous: bytes | None = None
+    previous_until: float = 0.0
+
+    def keys(self, now: float | None = None) -> tuple[bytes, ...]:
+        """Every key accepted now, the current one first."""
+        if self.previous is None or (time.time() if now is None else now) >= self.previous_until:
+            return (self.current,)
+        return (self.current, self.previous)
+
+    def ids(self, now: float | None = None) -> tuple[str, ...]:
+        return tuple(key_id(key) for key in self.keys(now))
 
 
 def new_key() -> str:
@@ -62,6 +99,39 @@ def key_from_env(environ: Mapping[str, str] = os.environ) -> bytes | None:
     return None if not text else parse_key(text)
 
 
+def _previous_until(text: str) -> float:
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    import datetime
+
+    try:
+        when = datetime.datetime.fromisoformat(text)
+    except ValueError:
+        raise CapabilityKeyError(f"{PREVIOUS_KEY_UNTIL_ENV} must be unix seconds or ISO 8601, got {text!r}") from None
+    if when.tzinfo is None:
+        raise CapabilityKeyError(f"{PREVIOUS_KEY_UNTIL_ENV} must state its time zone (e.g. ...+00:00), got {text!r}")
+    return when.timestamp()
+
+
+def keyring_from_env(environ: Mapping[str, str] = os.environ) -> KeyRing | None:
+    """The current key (`key_from_env`) and the previous one with its window, if configured; None: no key."""
+    current = key_from_env(environ)
+    if current is None:
+        return None
+    text = environ.get(PREVIOUS_KEY_ENV)
+    if not text and environ.get(PREVIOUS_KEY_FILE_ENV):
+        text = Path(environ[PREVIOUS_KEY_FILE_ENV]).read_text()
+    if not text:
+        return KeyRing(current)
+    until = environ.get(PREVIOUS_KEY_UNTIL_ENV, "")
+    if not until:
+        raise CapabilityKeyError(f"a previous capability key needs {PREVIOUS_KEY_UNTIL_ENV}: the time until which it "
+                                 f"is still accepted")
+    return KeyRing(current, parse_key(text), _previous_until(until))
+
+
 def write_key_file(path: Path) -> Path:
     """A new key in a file only its owner may read (the deployment gives its path to the registry and engines)."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -79,6 +149,20 @@ def _mac(key: bytes, action: Action, lora_name: str, reference: str) -> str:
 def mint(key: bytes, action: Action, lora_name: str, reference: str) -> str:
     """The capability to do `action` on `lora_name` for `reference` (attempt token or reclaim id)."""
     return PREFIX + _mac(key, action, lora_name, reference)
+
+
+def mint_all(ring: KeyRing, action: Action, lora_name: str, reference: str, now: float | None = None) -> str:
+    """`mint` under every key the ring accepts now, joined by ","; one capability outside a rotation window."""
+    return ",".join(mint(key, action, lora_name, reference) for key in ring.keys(now))
+
+
+def verify_any(ring: KeyRing, capability: object, action: Action, lora_name: str, reference: str,
+               now: float | None = None) -> bool:
+    """Valid if one of the (at most two) joined capabilities verifies under one of the keys the ring accepts now."""
+    if not isinstance(capability, str) or len(capability) > 2 * MAX_LENGTH + 1:
+        return False
+    keys = ring.keys(now)
+    return any(verify(key, part, action, lora_name, reference) for part in capability.split(",") for key in keys)
 
 
 def verify(key: bytes, capability: object, action: Action, lora_name: str, reference: str) -> bool:

@@ -2,9 +2,9 @@
 
 - ``versioned-lora engine --port P --model DIR``: one SGLang engine with the versioned-lora patches; with
   the managed set and no ``$VERSIONED_LORA_TOKEN``, a new token is written 0600 to ``<log>.token``; its
-  capability key is ``--capability-key-file`` (or ``$VERSIONED_LORA_CAPABILITY_KEY_FILE``), else the file
-  ``versioned_lora.capability.key`` beside the log, created 0600 if absent (engines started with logs in one
-  directory share it; give its path to the registry actor).
+  capability key is ``--capability-key-file`` (or ``$VERSIONED_LORA_CAPABILITY_KEY_FILE``); without one a managed
+  engine is not started (no key is invented: one deployment, one key, which the registry actor reads too).
+- ``versioned-lora keygen PATH``: a new capability key, written 0600 to PATH (never over an existing file).
 - ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
   (``tiny``, the default, or ``qwen3-0.6b-shape``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
@@ -51,39 +51,50 @@ def engine_token(patches: tuple[str, ...], log_path: Path) -> tuple[dict[str, st
     return {TOKEN_ENV: token}, write_token_file(log_path.with_name(f"{log_path.name}.token"), token)
 
 
-CAPABILITY_KEY_NAME = "versioned_lora.capability.key"
+class NoCapabilityKey(SystemExit):
+    """`versioned-lora engine` with the managed patch set and no key: a clear error, never an invented key (two
+    engines inventing one each would hold two keys, and no registry could serve both: issue 41)."""
 
 
-def engine_capability_key(
-    patches: tuple[str, ...], log_path: Path, given: str | None
-) -> tuple[dict[str, str], Path | None]:
-    """The capability key file a managed engine requires (docs/integration.md, 'Capabilities'): `given`, else
-    $VERSIONED_LORA_CAPABILITY_KEY_FILE or $VERSIONED_LORA_CAPABILITY_KEY as set, else
-    `<log dir>/versioned_lora.capability.key`, created 0600 if absent. Returns the engine's env and the file
-    created, if any."""
+def engine_capability_key(patches: tuple[str, ...], given: str | None) -> dict[str, str]:
+    """The capability key file a managed engine requires (docs/runbook.md, 'KEY_MISMATCH'): `given`, else
+    $VERSIONED_LORA_CAPABILITY_KEY_FILE or $VERSIONED_LORA_CAPABILITY_KEY as set (inherited by the engine's
+    process). Returns the engine's env; raises NoCapabilityKey when there is none."""
     if "managed" not in patches:
-        return {}, None
+        return {}
     if given:
-        return {capabilities.KEY_FILE_ENV: given}, None
+        return {capabilities.KEY_FILE_ENV: given}
     if os.environ.get(capabilities.KEY_FILE_ENV) or os.environ.get(capabilities.KEY_ENV):
-        return {}, None  # inherited by the engine's process
-    path = log_path.with_name(CAPABILITY_KEY_NAME)
-    created = None if path.exists() else capabilities.write_key_file(path)
-    return {capabilities.KEY_FILE_ENV: str(path)}, created
+        return {}  # inherited by the engine's process
+    raise NoCapabilityKey(
+        "versioned-lora engine: a managed engine needs the deployment's capability key, the file the registry "
+        "actor reads too (create_registry_actor(capability_key_file=...)). Make one once per deployment with "
+        "`versioned-lora keygen PATH`, then give it to every engine with --capability-key-file PATH (or "
+        f"${capabilities.KEY_FILE_ENV}=PATH) and to the registry.")
+
+
+def _keygen(args: argparse.Namespace) -> int:
+    path = Path(args.path)
+    if path.exists():
+        print(f"versioned-lora keygen: {path} exists; a key is never overwritten (rotate: docs/runbook.md, "
+              f"'KEY_MISMATCH')", file=sys.stderr)
+        return 1
+    capabilities.write_key_file(path)
+    key_id = capabilities.key_id(capabilities.parse_key(path.read_text()))
+    print(f"capability key written to {path} (mode 0600), key id {key_id}: give this file to the registry actor "
+          f"and to every engine of the deployment", flush=True)
+    return 0
 
 
 def _engine(args: argparse.Namespace) -> int:
-    model_dir = Path(args.model) if args.model else build_fixtures().model_dir
     patches = tuple(p for p in args.patches.split(",") if p)
+    key_env = engine_capability_key(patches, args.capability_key_file)  # first: without a key nothing is done
+    model_dir = Path(args.model) if args.model else build_fixtures().model_dir
     log_path = Path(args.log) if args.log else default_log_path(args.port)
     env, token_file = engine_token(patches, log_path)
     if token_file is not None:
         print(f"managed-endpoint token written to {token_file} (mode 0600; send it as {TOKEN_HEADER})", flush=True)
-    key_env, key_file = engine_capability_key(patches, log_path, args.capability_key_file)
     env.update(key_env)
-    if key_file is not None:
-        print(f"capability key written to {key_file} (mode 0600; the registry actor needs it too: "
-              f"create_registry_actor(capability_key_file=...))", flush=True)
     engine = EngineProcess(
         EngineConfig(
             model_dir=model_dir,
@@ -144,11 +155,16 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--gpu", action="store_true", help="serve on CUDA (default: the CPU configuration)")
     engine.add_argument("--log", help="log file (default /tmp/versioned_lora_engine_<port>.log); a generated "
                         "token goes beside it, in <log>.token")
-    engine.add_argument("--capability-key-file", help="the registry's capability key file (default: "
-                        f"${capabilities.KEY_FILE_ENV}, else {CAPABILITY_KEY_NAME} beside the log, created if absent)")
+    engine.add_argument("--capability-key-file", help="the deployment's capability key file, the registry's too "
+                        f"(default: ${capabilities.KEY_FILE_ENV}; required with the managed patch set: "
+                        "`versioned-lora keygen PATH` makes one)")
     engine.add_argument("--enable-metrics", action="store_true", help="SGLang's Prometheus /metrics, with the "
                         "managed patch's versioned_lora_engine_* series")
     engine.set_defaults(func=_engine)
+
+    keygen = sub.add_parser("keygen", help="write a new capability key (0600) for one deployment")
+    keygen.add_argument("path", help="the key file to create (refused if it exists)")
+    keygen.set_defaults(func=_keygen)
 
     fixtures = sub.add_parser("fixtures", help="build a fixture Qwen3 and its adapters A, B, C")
     fixtures.add_argument("--fixture", choices=FIXTURE_NAMES, default=TINY,

@@ -14,7 +14,7 @@ from typing import Any
 
 import httpx
 import pytest
-from engine_helpers import PROMPT, TEST_TOKEN, Staged, client_for, lora_ids, publish_from_disk
+from engine_helpers import PROMPT, TEST_TOKEN, Staged, capability_key_file, client_for, lora_ids, publish_from_disk
 from lease_helpers import fence_of
 
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
@@ -106,7 +106,8 @@ def boundary(engines: Any, fixtures: Any, ray_cluster: None, tmp_path_factory: p
 
     m, m_lora_id = asyncio.run(publish())
     handle = create_registry_actor(tmp_path_factory.mktemp("boundary-registry") / "registry.sqlite",
-                                   name=f"boundary-{uuid.uuid4().hex[:8]}", epoch=REGISTRY_EPOCH)
+                                   name=f"boundary-{uuid.uuid4().hex[:8]}", epoch=REGISTRY_EPOCH,
+                                   capability_key_file=capability_key_file())
     registry = RayRegistry(handle, retry_deadline_s=60.0)
 
     async def reserve_one() -> None:

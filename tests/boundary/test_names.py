@@ -22,6 +22,8 @@ from versioned_lora.spec.identities import (
     parse_lora_name,
 )
 
+# The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).
+
 DIGEST = "0123456789abcdef" * 4
 # The version ids the code and tests generate: the demo's and tests' labels, uuid-suffixed test labels, the GPU
 # harness's "gv<label>-<run_id>", the spec test's "step-120", the benchmark's "fixed".
@@ -92,7 +94,7 @@ def test_digest_part_must_be_the_manifest_digest() -> None:
 ])
 def test_in_process_registry_refuses_reserve_outside_the_grammar(tmp_path: Path, version: object, digest: object,
                                                                 part: str) -> None:
-    core = RegistryCore(tmp_path / "registry.sqlite")
+    core = RegistryCore(tmp_path / "registry.sqlite", insecure=True)
     before, seq = core.state_digest(), core.journal_stats()
     with pytest.raises(InvalidIdentity) as refused:
         core.submit("k1", Reserve(version, digest))  # type: ignore[arg-type]

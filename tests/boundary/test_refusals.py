@@ -3,6 +3,7 @@
 - a candidate whose probe comes back non-finite is refused with PROBE_NOT_FINITE and cleaned again (its NaN
   weights pass the manifest, which checks bytes: built here past the snapshot builder's own check);
 - a managed engine does not start without its token; `versioned-lora engine` writes a generated one 0600;
+- `versioned-lora engine` invents no capability key (a clear error without one); `versioned-lora keygen` makes one;
 - a disk-sourced begin inside the source root still works (the confinement refuses only what is outside).
 """
 
@@ -23,8 +24,8 @@ from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, 
 from versioned_lora.adapters.manifest import manifest_from_tensors
 from versioned_lora.adapters.sglang_client import ManagedRefusal
 from versioned_lora.adapters.snapshot import Snapshot
-from versioned_lora.capabilities import KEY_ENV, KEY_FILE_ENV, parse_key
-from versioned_lora.cli import CAPABILITY_KEY_NAME, engine_capability_key, engine_token
+from versioned_lora.capabilities import KEY_ENV, KEY_FILE_ENV, key_id, parse_key
+from versioned_lora.cli import NoCapabilityKey, engine_capability_key, engine_token, main
 from versioned_lora.spec.identities import VersionKey, lora_name
 from versioned_lora.spec.wire import TOKEN_ENV
 
@@ -81,20 +82,34 @@ def test_managed_engine_refuses_to_start_without_the_capability_key(fixtures, tm
     assert engine._proc is not None and engine._proc.poll() is not None
 
 
-def test_cli_finds_or_creates_one_capability_key_file_per_log_directory(tmp_path: Path,
-                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+def test_cli_engine_without_a_key_is_a_clear_error_and_invents_none(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """One key per deployment (issue 41): `versioned-lora engine` no longer writes a key beside its log (two engines
+    logging to two directories held two keys, and no registry could serve both); with no key it says how to give one,
+    before anything is written or started."""
     monkeypatch.delenv(KEY_FILE_ENV, raising=False)
     monkeypatch.delenv(KEY_ENV, raising=False)
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
     managed = ("cpu", "introspection", "managed")
-    env, created = engine_capability_key(managed, tmp_path / "e0.log", None)
-    assert created == tmp_path / CAPABILITY_KEY_NAME and env == {KEY_FILE_ENV: str(created)}
-    assert stat.S_IMODE(os.stat(created).st_mode) == 0o600 and len(parse_key(created.read_text())) == 32
-    again, none = engine_capability_key(managed, tmp_path / "e1.log", None)  # a second engine: the same key
-    assert again == env and none is None
-    assert engine_capability_key(managed, tmp_path / "e2.log", "/keys/k") == ({KEY_FILE_ENV: "/keys/k"}, None)
-    assert engine_capability_key(("cpu", "introspection"), tmp_path / "e3.log", None) == ({}, None)
+    with pytest.raises(NoCapabilityKey, match=r"versioned-lora keygen PATH.*--capability-key-file PATH"):
+        main(["engine", "--port", "1", "--model", str(tmp_path), "--log", str(tmp_path / "e0.log")])
+    assert list(tmp_path.iterdir()) == []  # no key, no token file: nothing written
+    assert engine_capability_key(managed, "/keys/k") == {KEY_FILE_ENV: "/keys/k"}
+    assert engine_capability_key(("cpu", "introspection"), None) == {}  # no managed patch set: no key needed
     monkeypatch.setenv(KEY_FILE_ENV, "/from/the/environment")
-    assert engine_capability_key(managed, tmp_path / "e4.log", None) == ({}, None)  # the engine inherits it
+    assert engine_capability_key(managed, None) == {}  # the engine inherits it
+
+
+def test_cli_keygen_writes_a_key_readable_by_its_owner_only_and_never_overwrites(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    path = tmp_path / "keys" / "deployment.key"
+    assert main(["keygen", str(path)]) == 0
+    assert stat.S_IMODE(os.stat(path).st_mode) == 0o600
+    key = parse_key(path.read_text())
+    assert len(key) == 32 and key_id(key) in capsys.readouterr().out  # the id is printed, never the key
+    assert main(["keygen", str(path)]) == 1 and parse_key(path.read_text()) == key  # refused: the key stays
+    assert "exists" in capsys.readouterr().err
 
 
 def test_cli_generates_a_token_file_readable_by_its_owner_only(tmp_path: Path,

@@ -15,6 +15,8 @@ from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.lifecycle import Abort, RecordUnknown, Reserve, VersionKey
 from versioned_lora.ops.status_view import BlockingKind, read_engine, status_rows
 
+# The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).
+
 
 def closed_port_url() -> str:
     with socket.socket() as s:
@@ -29,7 +31,7 @@ def kinds(core: RegistryCore, readings: list) -> list[tuple[str, str | None, str
 
 
 def test_staging_aborted_unknown_and_unreachable_are_each_listed_with_what_to_run(tmp_path) -> None:
-    core = RegistryCore(tmp_path / "journal.sqlite", engines=("E0", "E1"), capacity=2, epoch=7)
+    core = RegistryCore(tmp_path / "journal.sqlite", engines=("E0", "E1"), capacity=2, epoch=7, insecure=True)
     digest = hashlib.sha256(b"A").hexdigest()
     a = VersionKey(7, "A")
     reserved = core.submit("reserve:A", Reserve(a, digest, fence(core)))

@@ -16,6 +16,8 @@ from versioned_lora.adapters.journal import FORMAT_VERSION, JournalFormatUnsuppo
 from versioned_lora.adapters.ray_registry import RegistryCore
 from versioned_lora.lifecycle import Commit, VersionKey
 
+# The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).
+
 FIXTURES = Path(__file__).with_name("fixtures")
 RECORDED = json.loads((FIXTURES / "journal-a4d62f3.json").read_text())
 
@@ -27,7 +29,8 @@ def recorded_journal(tmp_path: Path) -> Path:
 
 
 def test_a_journal_written_on_a4d62f3_replays_to_the_same_state_and_answers_retries(tmp_path: Path) -> None:
-    core = RegistryCore(recorded_journal(tmp_path), engines=RECORDED["engines"], epoch=RECORDED["epoch"])
+    core = RegistryCore(recorded_journal(tmp_path), engines=RECORDED["engines"], epoch=RECORDED["epoch"],
+                        insecure=True)
     try:
         assert core.recovery.replayed_calls > 0
         assert core.state_digest() == RECORDED["state_digest"]
@@ -43,7 +46,7 @@ def test_a_journal_written_on_a4d62f3_replays_to_the_same_state_and_answers_retr
 
 def test_the_old_journal_is_read_as_format_1_and_left_as_it_is(tmp_path: Path) -> None:
     path = recorded_journal(tmp_path)
-    core = RegistryCore(path, engines=RECORDED["engines"], epoch=RECORDED["epoch"])
+    core = RegistryCore(path, engines=RECORDED["engines"], epoch=RECORDED["epoch"], insecure=True)
     try:
         assert core.journal_format == 1
     finally:
@@ -53,7 +56,7 @@ def test_the_old_journal_is_read_as_format_1_and_left_as_it_is(tmp_path: Path) -
 
 
 def test_a_new_journal_records_its_format(tmp_path: Path) -> None:
-    core = RegistryCore(tmp_path / "new.sqlite")
+    core = RegistryCore(tmp_path / "new.sqlite", insecure=True)
     try:
         assert core.journal_format == FORMAT_VERSION
     finally:
@@ -67,6 +70,6 @@ def test_a_journal_of_an_unknown_format_is_refused_naming_the_upgrade_path(tmp_p
     with sqlite3.connect(path) as db:
         db.execute("INSERT INTO meta (k, v) VALUES ('format', '99')")
     with pytest.raises(JournalFormatUnsupported) as refused:
-        RegistryCore(path, engines=RECORDED["engines"], epoch=RECORDED["epoch"])
+        RegistryCore(path, engines=RECORDED["engines"], epoch=RECORDED["epoch"], insecure=True)
     assert refused.value.found == 99
     assert "start a new epoch" in str(refused.value) and "docs/integration.md" in str(refused.value)

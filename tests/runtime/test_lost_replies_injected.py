@@ -29,6 +29,8 @@ from versioned_lora.runtime.session_binder import SessionBinder
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.states import VersionState
 
+# The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).
+
 ENGINES = ("E0", "E1")
 
 
@@ -68,6 +70,9 @@ class RecordingEngine:
     def drop_link(self) -> None:
         self.calls.append(("drop_link", ""))
 
+    def expect_registry_keys(self, key_ids: tuple[str, ...]) -> None:
+        pass  # a double of the engine: no key of its own to compare
+
     async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None:
         self.calls.append(("cleanup", lora_name))
 
@@ -104,7 +109,8 @@ class LosesReplies:
 
 
 def deployment(tmp_path: Path) -> tuple[LocalRegistry, dict[str, RecordingEngine]]:
-    registry = LocalRegistry(RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES))
+    # Insecure (no key): the engines are doubles, which check no capability.
+    registry = LocalRegistry(RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, insecure=True))
     return registry, {name: RecordingEngine(name) for name in ENGINES}
 
 

@@ -32,6 +32,8 @@ from versioned_lora.spec.drivers import DriverOutcome
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.reasons import Reason
 
+# The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).
+
 A, B = VersionKey(0, "A"), VersionKey(0, "B")
 
 
@@ -49,17 +51,17 @@ def publisher(core: RegistryCore, holder: str) -> Publisher:
 
 
 def test_a_new_registry_requires_the_lease_and_an_old_journal_keeps_what_it_was_begun_with(tmp_path: Path) -> None:
-    core = RegistryCore(tmp_path / "j.sqlite")
+    core = RegistryCore(tmp_path / "j.sqlite", insecure=True)
     assert core.state().config.publisher_lease
     refused = core.submit("r", Reserve(A, candidate(A, "A").digest)).result
     assert refused == Rejected(Reason.NOT_LEASE_HOLDER, "reserve.no_lease")
     core.close()
     # The journal's recorded configuration decides, not the constructor's default: reopened as it was begun.
-    assert RegistryCore(tmp_path / "j.sqlite", publisher_lease=False).state().config.publisher_lease
+    assert RegistryCore(tmp_path / "j.sqlite", publisher_lease=False, insecure=True).state().config.publisher_lease
 
 
 def test_a_second_publisher_is_refused_before_it_reserves_and_takes_over_when_told(tmp_path: Path) -> None:
-    core = RegistryCore(tmp_path / "j.sqlite")
+    core = RegistryCore(tmp_path / "j.sqlite", insecure=True)
     trainer, cli = publisher(core, DEFAULT_HOLDER), publisher(core, "cli@test")
 
     async def body() -> None:
@@ -92,7 +94,7 @@ def test_a_second_publisher_is_refused_before_it_reserves_and_takes_over_when_to
 
 
 def test_the_registry_expires_a_lease_its_holder_stopped_renewing_and_never_one_it_renews(tmp_path: Path) -> None:
-    core = RegistryCore(tmp_path / "j.sqlite")
+    core = RegistryCore(tmp_path / "j.sqlite", insecure=True)
     assert core.submit("a1", AcquireLease("p", 2.0)).result == LeaseGranted("p", 1, 2.0)
     time.sleep(1.2)
     assert isinstance(core.submit("n1", RenewLease("p", 1)).result, LeaseGranted)  # re-armed: 2 s from now
@@ -107,11 +109,11 @@ def test_the_registry_expires_a_lease_its_holder_stopped_renewing_and_never_one_
 
 
 def test_a_recovered_registry_keeps_a_held_lease_for_a_whole_ttl(tmp_path: Path) -> None:
-    core = RegistryCore(tmp_path / "j.sqlite")
+    core = RegistryCore(tmp_path / "j.sqlite", insecure=True)
     core.submit("a1", AcquireLease("p", 30.0))
     core.close()
     time.sleep(0.5)
-    again = RegistryCore(tmp_path / "j.sqlite")
+    again = RegistryCore(tmp_path / "j.sqlite", insecure=True)
     ops = again.operations_view()
     assert (ops.lease_holder, ops.lease_fence) == ("p", 1)
     assert ops.lease_expires_in_s is not None and ops.lease_expires_in_s > 29.0  # never sooner than before
@@ -123,7 +125,7 @@ def test_the_keeper_a_publication_runs_renews_past_the_ttl_and_stops_once_the_le
     ttls by renewing alone, and the renewal after a take-over is refused (lease.renew_lost), which ends it and makes
     the publisher acquire again next time. The keeper is the one `publish` runs (`_keeper`), driven here without a
     publication, which would need engines."""
-    core = RegistryCore(tmp_path / "j.sqlite")
+    core = RegistryCore(tmp_path / "j.sqlite", insecure=True)
     trainer = Publisher(LocalRegistry(core), {}, never_probed, holder=DEFAULT_HOLDER, lease_ttl_s=1.5)
     cli = publisher(core, "cli@test")
 
@@ -154,7 +156,7 @@ def test_the_keeper_a_publication_runs_renews_past_the_ttl_and_stops_once_the_le
 def test_a_publication_cancelled_while_it_waits_for_the_lease_leaves_no_keeper_renewing(tmp_path: Path) -> None:
     """The keeper is its own task: a caller that gives up before the lease is granted stops it (acquire.cancel), so
     no lease is renewed for a publication that is gone."""
-    core = RegistryCore(tmp_path / "j.sqlite")
+    core = RegistryCore(tmp_path / "j.sqlite", insecure=True)
     submitted: list[object] = []
 
     class SlowToGrant(LocalRegistry):

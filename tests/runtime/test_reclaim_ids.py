@@ -23,6 +23,8 @@ from versioned_lora.lifecycle import (
 )
 from versioned_lora.spec.identities import RECLAIM_SALT_LEN, lora_name, reclaim_id
 
+# The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).
+
 A, B = VersionKey(7, "A"), VersionKey(7, "B")
 
 
@@ -46,7 +48,7 @@ def _claim(core: RegistryCore, version: VersionKey) -> str:
 
 
 def _claimed_a(path: Path) -> str:
-    core = RegistryCore(path, capacity=3, epoch=7)
+    core = RegistryCore(path, capacity=3, epoch=7, insecure=True)
     try:
         _publish(core, A, 0)
         _publish(core, B, 1)  # A retired: claimable
@@ -70,7 +72,7 @@ def test_a_recovered_registry_issues_the_same_ids(tmp_path: Path) -> None:
     with sqlite3.connect(path) as db:
         (salt,) = db.execute("SELECT v FROM meta WHERE k='id_salt'").fetchone()
     assert len(salt) == 32 and issued == reclaim_id(A, salt)
-    core = RegistryCore(path, capacity=3, epoch=7)  # recovered from the journal
+    core = RegistryCore(path, capacity=3, epoch=7, insecure=True)  # recovered from the journal
     try:
         assert core.state().versions[A].reclaim_id == issued
         assert _claim(core, A) == issued  # the retried claim, answered from the journal
@@ -82,7 +84,7 @@ def test_a_recovered_registry_issues_the_same_ids(tmp_path: Path) -> None:
 
 def test_a_journal_written_before_salts_keeps_its_unsalted_ids(tmp_path: Path) -> None:
     path = recorded_journal(tmp_path)
-    core = RegistryCore(path, engines=RECORDED["engines"], epoch=RECORDED["epoch"])
+    core = RegistryCore(path, engines=RECORDED["engines"], epoch=RECORDED["epoch"], insecure=True)
     try:
         claimed = [v for v in core.state().versions.values() if v.reclaim_id is not None]
         assert claimed and all(v.reclaim_id == reclaim_id(v.key) for v in claimed)

@@ -36,6 +36,8 @@ from versioned_lora.lifecycle import (
 )
 from versioned_lora.runtime.interfaces import MAX_BATCH, BatchTooLarge, IdempotencyKeyReused
 
+# The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).
+
 pytestmark = pytest.mark.usefixtures("ray_cluster")
 T = TypeVar("T")
 
@@ -102,7 +104,7 @@ def test_kill_between_calls_recovers_the_same_state_and_answers_retries_from_the
 def test_kill_in_the_middle_of_a_batch_loses_the_unacknowledged_batch_only(tmp_path: Path, point: str) -> None:
     handle, registry = new_actor(tmp_path)
     # The same reclaim-id salt as the actor's: the two registries must reach equal states.
-    shadow = RegistryCore(tmp_path / "shadow.sqlite", id_salt=ray.get(handle.state.remote()).id_salt)
+    shadow = RegistryCore(tmp_path / "shadow.sqlite", id_salt=ray.get(handle.state.remote()).id_salt, insecure=True)
 
     async def scenario() -> None:
         await publish(registry, A, revision=0)
@@ -142,7 +144,7 @@ def test_kill_after_commit_before_reply_is_resolved_by_the_client_retry(tmp_path
     restart and gets the journal's answer; the state moved exactly once."""
     handle, registry = new_actor(tmp_path)
     # The same reclaim-id salt as the actor's: the two registries must reach equal states.
-    shadow = RegistryCore(tmp_path / "shadow.sqlite", id_salt=ray.get(handle.state.remote()).id_salt)
+    shadow = RegistryCore(tmp_path / "shadow.sqlite", id_salt=ray.get(handle.state.remote()).id_salt, insecure=True)
 
     async def scenario() -> None:
         await publish(registry, A, revision=0)
@@ -189,21 +191,21 @@ def test_batch_limits_atomicity_and_journal_guards(tmp_path: Path) -> None:
 def test_checkpointed_journal_recovers_in_process_and_refuses_another_config(tmp_path: Path) -> None:
     """The same class without Ray: a checkpoint bounds the replay; the recovered digest is the same."""
     path = tmp_path / "core.sqlite"
-    core = RegistryCore(path, checkpoint_every=300)
+    core = RegistryCore(path, checkpoint_every=300, insecure=True)
     run(publish_shadow(core))
     for index in range(6):
         core.submit_batch(f"b{index}", binds(0, index * 100, 100))
     core.submit_batch("c0", [CloseAndRelease(SessionKey(0, 0, seq)) for seq in range(50)])
     digest, state = core.state_digest(), core.state()
     core.close()
-    reopened = RegistryCore(path, checkpoint_every=300)
+    reopened = RegistryCore(path, checkpoint_every=300, insecure=True)
     assert reopened.state_digest() == digest == state_digest(reopened.state())
     assert reopened.state() == state
     stats = reopened.journal_stats()
     assert stats["checkpoint_seq"] > 0 and reopened.recovery.replayed_calls < stats["calls"]
     reopened.close()
     with pytest.raises(JournalConfigMismatch):
-        RegistryCore(path, capacity=3)
+        RegistryCore(path, capacity=3, insecure=True)
 
 
 def test_a_checkpoint_written_over_many_calls_recovers_the_state_it_was_taken_of(
@@ -217,12 +219,12 @@ def test_a_checkpoint_written_over_many_calls_recovers_the_state_it_was_taken_of
     monkeypatch.setattr(journal, "CHECKPOINT_SLICE", 16)
     monkeypatch.setattr(ray_registry, "CHECKPOINT_BUDGET_S", 0.0)
     path = tmp_path / "core.sqlite"
-    core = RegistryCore(path, checkpoint_every=400)
+    core = RegistryCore(path, checkpoint_every=400, insecure=True)
     run(publish_shadow(core))
     for index in range(4):
         core.submit_batch(f"b{index}", binds(0, index * 100, 100))
     assert core.journal_stats()["checkpoint_seq"] == 0  # begun, a slice written: not stored yet
-    crashed = RegistryCore(path, checkpoint_every=400)  # what a restart now would see
+    crashed = RegistryCore(path, checkpoint_every=400, insecure=True)  # what a restart now would see
     assert crashed.state() == core.state() and crashed.recovery.replayed_calls == crashed.journal_stats()["calls"]
     crashed.close()
     taken_at = core.journal_stats()["last_seq"]
@@ -234,7 +236,7 @@ def test_a_checkpoint_written_over_many_calls_recovers_the_state_it_was_taken_of
     assert calls > 10 and core.journal_stats()["checkpoint_seq"] == taken_at
     state = core.state()
     core.close()
-    reopened = RegistryCore(path, checkpoint_every=400)
+    reopened = RegistryCore(path, checkpoint_every=400, insecure=True)
     assert reopened.state() == state and reopened.recovery.replayed_calls == calls
     reopened.close()
 
@@ -250,7 +252,7 @@ def test_parts_of_superseded_checkpoints_are_deleted_a_few_per_call(
 
     monkeypatch.setattr(journal, "CHECKPOINT_SLICE", 16)
     path = tmp_path / "core.sqlite"
-    core = RegistryCore(path, checkpoint_every=200)
+    core = RegistryCore(path, checkpoint_every=200, insecure=True)
     run(publish_shadow(core))
     seqs_with_parts: set[int] = set()
     for index in range(12):
@@ -265,7 +267,7 @@ def test_parts_of_superseded_checkpoints_are_deleted_a_few_per_call(
     with sqlite3.connect(path) as db:
         left = {seq for (seq,) in db.execute("SELECT DISTINCT seq FROM checkpoint_parts")}
     assert len(seqs_with_parts) >= 3 and left == {stored}
-    reopened = RegistryCore(path, checkpoint_every=200)
+    reopened = RegistryCore(path, checkpoint_every=200, insecure=True)
     assert reopened.state() == state
     reopened.close()
 
@@ -277,14 +279,14 @@ def test_a_tampered_journal_refuses_to_recover(tmp_path: Path, tamper: str) -> N
     import sqlite3
 
     path = tmp_path / "core.sqlite"
-    core = RegistryCore(path, checkpoint_every=150)
+    core = RegistryCore(path, checkpoint_every=150, insecure=True)
     run(publish_shadow(core))
     for index in range(3):
         core.submit_batch(f"b{index}", binds(0, index * 100, 100))
     core.submit_batch("late", binds(1, 0, 5))  # a call after the checkpoint, replayed on recovery
     assert 0 < core.journal_stats()["checkpoint_seq"] < core.journal_stats()["last_seq"]
     core.close()
-    intact = RegistryCore(path, checkpoint_every=150)  # untampered, it recovers
+    intact = RegistryCore(path, checkpoint_every=150, insecure=True)  # untampered, it recovers
     intact.close()
     db = sqlite3.connect(path)
 
@@ -304,7 +306,7 @@ def test_a_tampered_journal_refuses_to_recover(tmp_path: Path, tamper: str) -> N
     db.commit()
     db.close()
     with pytest.raises(JournalCorrupt):
-        RegistryCore(path, checkpoint_every=150)
+        RegistryCore(path, checkpoint_every=150, insecure=True)
 
 
 async def publish_shadow(core: RegistryCore) -> None:

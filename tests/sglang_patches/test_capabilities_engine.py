@@ -23,7 +23,13 @@ from engine_helpers import PROMPT, TEST_ENGINE_ARGS, TEST_TOKEN, client_for, man
 
 from versioned_lora import capabilities
 from versioned_lora.adapters.engine_link import Candidate
-from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
+from versioned_lora.adapters.engine_process import (
+    DEFAULT_PATCHES,
+    EngineConfig,
+    EngineProcess,
+    free_port_block,
+    start_all,
+)
 from versioned_lora.adapters.engine_staging import EngineStaging
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
 from versioned_lora.adapters.sglang_client import ManagedRefusal
@@ -34,7 +40,7 @@ from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.publisher import Publisher, PublishStatus
 from versioned_lora.runtime.reclaimer import Reclaimer, ReclaimStatus
 from versioned_lora.spec.identities import lora_name
-from versioned_lora.spec.wire import TOKEN_ENV
+from versioned_lora.spec.wire import TOKEN_ENV, TOKEN_HEADER
 
 
 @pytest.fixture(scope="module")
@@ -102,19 +108,22 @@ def test_a_keyed_engine_advertises_that_capabilities_are_required(keyed) -> None
     run(body())
 
 
-def test_hold_points_are_refused_on_an_engine_started_without_them(keyed, fixtures) -> None:
-    """The test-only hold points (managed/hold_points.py) exist only where the engine was started with them: this
-    engine was not, so arming one is a typed refusal and nothing waits."""
+def test_a_default_engine_has_none_of_the_test_only_faults(keyed, fixtures) -> None:
+    """The hold points and injected faults (the "test_faults" patch set, managed/hold_points.py) live only in engines a
+    test starts with its flag (issue 41): this engine runs the default patch sets, so its status lists exactly
+    those, shows no hold points, and the route that arms them does not exist (nothing can be armed)."""
     engine, _ = keyed
 
     async def body() -> None:
         client = client_for(engine, sign=False)
         try:
-            assert (await client.status())["hold_points"] == {"enabled": False, "armed": {}, "held": {}}
+            status = await client.status()
+            assert status["patch_sets"] == list(DEFAULT_PATCHES) and "test_faults" not in DEFAULT_PATCHES
+            assert "hold_points" not in status
             name = lora_name(VersionKey(1, "hold"), "0" * 64)
-            status, reason = await _refusal(client.managed("test_hold", point="load", lora_name=name))
-            assert (status, reason) == (403, "HOLD_POINTS_DISABLED")
-            assert (await client.status())["hold_points"]["armed"] == {}
+            response = await client._http.post("/versioned_lora/test_hold", json={"point": "load", "lora_name": name},
+                                               headers={TOKEN_HEADER: TEST_TOKEN})
+            assert response.status_code == 404, response.text  # no such route
         finally:
             await client.aclose()
 

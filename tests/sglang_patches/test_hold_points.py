@@ -10,21 +10,32 @@ import asyncio
 import pytest
 
 from versioned_lora.sglang_patches.managed.fields import BadRequest
-from versioned_lora.sglang_patches.managed.hold_points import ENV, HoldPoints, InjectedFailure
+from versioned_lora.sglang_patches.managed.hold_points import FAULTS, HoldPoints, InjectedFailure, points
 
 NAME, OTHER = "relax_policy_lora@1-A-0123456789ab", "relax_policy_lora@1-B-0123456789ab"
 
 
-def test_off_unless_the_engine_was_started_with_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv(ENV, raising=False)
+def test_off_unless_the_engine_was_started_with_them() -> None:
+    """Off until the test-only patch set's `apply` enables them (no environment variable does)."""
     holds = HoldPoints()
     for call in (lambda: holds.arm("load", NAME), lambda: holds.release("load")):
         with pytest.raises(BadRequest) as refused:
             call()
         assert (refused.value.code, refused.value.status) == ("HOLD_POINTS_DISABLED", 403)
     asyncio.run(asyncio.wait_for(holds.reach("load", NAME), 1))  # nothing waits
-    monkeypatch.setenv(ENV, "1")
-    assert HoldPoints().enabled
+    holds._armed["fail_request"] = NAME  # even armed by hand, a disabled fault never fires
+    assert not holds.trip("fail_request", NAME)
+    holds.fail_request(NAME)
+
+
+def test_a_fault_is_one_registry_entry_and_trips_once_for_its_name() -> None:
+    """How a later fault is added (a failed load, a failed unload): an entry in FAULTS, armed by name, `trip`ped by
+    the engine's code where it should fail."""
+    assert set(FAULTS) <= set(points()) and "fail_request" in FAULTS
+    holds = HoldPoints(enabled=True)
+    holds.arm("fail_request", NAME)
+    assert not holds.trip("fail_request", OTHER) and holds.trip("fail_request", [OTHER, NAME])
+    assert not holds.trip("fail_request", NAME)  # once
 
 
 def test_a_hold_stops_only_its_point_and_name_until_released() -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from versioned_lora.sglang_patches.managed import metrics
 from versioned_lora.spec.reasons import Reason
-from versioned_lora.spec.wire import ENGINE_CODES, OTHER_CODE, EngineRefusal
+from versioned_lora.spec.wire import ENGINE_CODES, KEY_MISMATCH, OTHER_CODE, EngineRefusal, PortRefusal
 
 PATCHES = Path(__file__).resolve().parents[2] / "versioned_lora" / "sglang_patches"
 # Where a refusal's code is given: the first argument of these calls, the value of a "reason" key.
@@ -65,6 +65,12 @@ def test_the_two_enums_are_disjoint_and_name_their_values() -> None:
     assert not {str(r) for r in Reason} & {str(r) for r in EngineRefusal}
     assert all(member.name == member.value for member in (*Reason, *EngineRefusal))
     assert OTHER_CODE not in ENGINE_CODES
+
+
+def test_the_ports_own_refusals_are_codes_no_engine_answers() -> None:
+    """KEY_MISMATCH and PROTOCOL_MISMATCH are refused by the library's port before a call is sent (issue 41)."""
+    assert KEY_MISMATCH in set(PortRefusal) and all(member.name == member.value for member in PortRefusal)
+    assert not {str(r) for r in PortRefusal} & ENGINE_CODES
 
 
 def test_the_engine_patch_set_names_every_code_through_the_enums() -> None:

@@ -1,7 +1,8 @@
 """`StagingEnginePort` over one SGLang engine: the runtime Publisher's view of an engine, built on
 `EngineLink` (transfer group + managed endpoints). Reconnects when the engine's incarnation changed,
 since a group belongs to one incarnation. Maps the client's errors onto the runtime's: a lost reply
-is `EngineUnreachable` (unknown outcome), a typed refusal is `EngineRefused`."""
+is `EngineUnreachable` (unknown outcome), a typed refusal is `EngineRefused`. Before its first `begin`, cleanup or
+reclaim on an engine incarnation it compares the registry's key ids with the engine's (`KEY_MISMATCH`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from versioned_lora.adapters.transfer import BucketTransferFailed
 from versioned_lora.runtime.interfaces import EngineRefused, EngineUnreachable, ReadyReceipt
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import AdapterState
-from versioned_lora.spec.wire import PROTOCOL_MISMATCH, PROTOCOL_VERSION
+from versioned_lora.spec.wire import KEY_MISMATCH, PROTOCOL_MISMATCH, PROTOCOL_VERSION
 
 T = TypeVar("T")
 
@@ -40,6 +41,36 @@ class EngineStaging:
         self._lock = asyncio.Lock()
         self.hold_after_bucket: int | None = None  # tests: stop sending after this bucket index
         self.held = asyncio.Event()
+        self._registry_key_ids: tuple[str, ...] | None = None  # None: no registry answer seen yet
+        self._key_checked: tuple[int, tuple[str, ...]] | None = None  # (incarnation, registry key ids) that matched
+
+    def expect_registry_keys(self, key_ids: tuple[str, ...]) -> None:
+        self._registry_key_ids = tuple(key_ids)
+
+    def _check_key(self, status: dict[str, Any]) -> None:
+        """One key per deployment (issue 41): the engine must accept a key the registry signs under, else nothing
+        the registry orders there can be carried out (a cleanup or reclaim would be refused 403, a stash would keep
+        its slot). Refused here, typed, before the call is sent; both ids named, never a key."""
+        incarnation = int(status["incarnation"])
+        registry = self._registry_key_ids
+        protocol = status.get("protocol")
+        advertised = protocol.get("key_ids") if isinstance(protocol, dict) else None
+        engine = tuple(str(i) for i in advertised) if isinstance(advertised, list) else ()
+        if registry is not None and set(registry) & set(engine):
+            self._key_checked = (incarnation, registry)
+            return
+        said = "none (a registry built insecure)" if registry == () else (
+            "unknown (no registry answer yet)" if registry is None else ", ".join(registry))
+        raise EngineRefused(KEY_MISMATCH, f"engine {self.name} (incarnation {incarnation}) accepts capability key ids "
+                            f"{', '.join(engine) or 'none'}; the registry signs under {said}: the registry and the "
+                            f"engines must be given the same key file (docs/runbook.md, 'KEY_MISMATCH')")
+
+    async def _require_same_key(self, incarnation: int | None = None) -> None:
+        """Before a call to an engine incarnation: compare the keys, unless this incarnation was already checked
+        against the registry's current key ids (a `begin` on the link in hand costs no status round trip)."""
+        if incarnation is not None and self._key_checked == (incarnation, self._registry_key_ids):
+            return
+        self._check_key(await self._call(self.client.status()))
 
     async def incarnation(self) -> int:
         status = await self._call(self.client.status())
@@ -70,6 +101,7 @@ class EngineStaging:
         gone (unreachable): then the link is rebuilt for the current incarnation and `begin` sent once more
         (a replayed begin is answered by the table). Any other outcome is the attempt's."""
         link = self._link or await self.link()
+        await self._require_same_key(link.incarnation)
         try:
             await self._call(link.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
             return
@@ -79,6 +111,7 @@ class EngineStaging:
             fresh = await self.link()
             if fresh is link:  # same incarnation: not a restart, so the failure is the attempt's
                 raise
+        await self._require_same_key(fresh.incarnation)
         await self._call(fresh.begin(candidate, attempt_token, bucket_deadline_s=self.bucket_deadline_s))
 
     async def _attempt_link(self) -> EngineLink:
@@ -109,6 +142,7 @@ class EngineStaging:
 
     async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None:
         signed: dict[str, Any] = {} if capability is None else {"capability": capability}
+        await self._require_same_key()  # a cleanup names no incarnation: the engine's own status says which it is
         try:
             await self._call(
                 self.client.managed("cleanup", lora_name=lora_name, attempt_token=attempt_token, **signed)
@@ -119,6 +153,7 @@ class EngineStaging:
 
     async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float, capability: str | None = None) -> bool:
         signed: dict[str, Any] = {} if capability is None else {"capability": capability}
+        await self._require_same_key()
         answer = await self._call(
             self.client.managed(
                 "reclaim", lora_name=lora_name, reclaim_id=reclaim_id, wait_s=wait_s, http_timeout_s=wait_s + 60,

@@ -122,18 +122,29 @@ class RegistryCore:
         epoch: int = 0,
         checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
         answer_cache: int = DEFAULT_ANSWER_CACHE,
-        capability_key: bytes | None = None,
+        capability_key: bytes | capabilities.KeyRing | None = None,
         id_salt: str | None = None,
         publisher_lease: bool = True,
+        insecure: bool = False,
     ) -> None:
-        """`capability_key`: the key engines check cleanups and reclaims with (`versioned_lora.capabilities`);
-        default: `KEY_ENV` of this process's environment, else none (answers carry no capabilities).
+        """`capability_key`: the key engines check cleanups and reclaims with (`versioned_lora.capabilities`), or a
+        `KeyRing` (a rotation); default: the key ring of this process's environment (`keyring_from_env`). Without
+        one the registry does not start (`KeyRequired`, before its journal is opened): it could sign nothing, and
+        engines refuse every cleanup and reclaim it orders (issue 41). `insecure=True` lets it run keyless (tests
+        that say so): its answers then carry no capabilities and no key id, and every engine port refuses it
+        (`KEY_MISMATCH`).
         `id_salt`: the reclaim-id salt of a new journal (default: a random one; `Journal.id_salt`).
         `publisher_lease`: whether a new journal requires the publisher lease's fence on every Reserve and
         Commit (`RegistryConfig.publisher_lease`); a journal keeps what it was begun with (one begun before
         leases existed replays unfenced, as it ran)."""
         started = time.perf_counter()
-        self._capability_key = capability_key if capability_key is not None else capabilities.key_from_env()
+        key = capability_key if capability_key is not None else capabilities.keyring_from_env()
+        if key is None and not insecure:
+            raise capabilities.KeyRequired(
+                f"the registry needs the deployment's capability key: ${capabilities.KEY_FILE_ENV} (or "
+                f"create_registry_actor(capability_key_file=...)), the file the engines read; make one with "
+                f"`versioned-lora keygen PATH`. Only tests run a registry without one (insecure=True)")
+        self._keys = capabilities.KeyRing(key) if isinstance(key, bytes) else key
         self._journal = Journal(journal_path)
         recorded = self._journal.recorded_config()
         initial = initial_state(engines=engines, capacity=capacity, epoch=epoch,
@@ -231,25 +242,34 @@ class RegistryCore:
             self.submit_batch(f"lease-expired:{timer[0]}", (ExpireLease(timer[0]),))
 
     def _signed(self, answers: tuple[RegistryAnswer, ...]) -> tuple[RegistryAnswer, ...]:
-        """The answers with a capability for each cleanup of an ABORTED version (an abort row's effect) and each
-        reclaim of a RECLAIMING one (a claim row's), minted now: the journal holds them unsigned."""
-        key = self._capability_key
-        if key is None:
+        """The answers with this registry's key ids (where the engine ports read them) and a capability for each
+        cleanup of an ABORTED version (an abort row's effect) and each reclaim of a RECLAIMING one (a claim row's),
+        minted now: the journal holds them unsigned."""
+        keys = self._keys
+        if keys is None:
             return answers
+        now = time.time()
+        ids = keys.ids(now)
         return tuple(
-            attrs.evolve(answer, capabilities=tuple(self._capability(key, effect) for effect in answer.effects))
-            if answer.effects else answer
+            RegistryAnswer(answer.result, answer.effects, answer.journal_seq, answer.from_journal,
+                           tuple(self._capability(keys, effect, now) for effect in answer.effects)
+                           if answer.effects else answer.capabilities, ids)
             for answer in answers
         )
 
-    def _capability(self, key: bytes, effect: RegistryEffect) -> str | None:
+    def _capability(self, keys: capabilities.KeyRing, effect: RegistryEffect, now: float) -> str | None:
         version = self._state.versions.get(getattr(effect, "version", None))  # type: ignore[arg-type]
         state = None if version is None else version.state
         if isinstance(effect, CleanupOnEngine) and state in (VersionState.ABORTED, VersionState.FAILED_CLEAN):
-            return capabilities.mint(key, capabilities.Action.CLEANUP, effect.lora_name, effect.attempt_token)
+            return capabilities.mint_all(keys, capabilities.Action.CLEANUP, effect.lora_name, effect.attempt_token,
+                                         now)
         if isinstance(effect, ReclaimOnEngine) and state in (VersionState.RECLAIMING, VersionState.RECLAIMED):
-            return capabilities.mint(key, capabilities.Action.RECLAIM, effect.lora_name, effect.reclaim_id)
+            return capabilities.mint_all(keys, capabilities.Action.RECLAIM, effect.lora_name, effect.reclaim_id, now)
         return None
+
+    def key_ids(self) -> tuple[str, ...]:
+        """The ids of the keys this registry signs under now, the current first (empty: insecure)."""
+        return () if self._keys is None else self._keys.ids()
 
     def _answered(self, key: str, events: tuple[RegistryEvent, ...]) -> tuple[RegistryAnswer, ...] | None:
         hit = self._recent.get(key)
@@ -372,6 +392,9 @@ class LocalRegistry:
     async def operations_view(self) -> OperationsView:
         return self.core.operations_view()
 
+    async def key_ids(self) -> tuple[str, ...]:
+        return self.core.key_ids()
+
 
 # ---- Ray ---------------------------------------------------------------------------------------------------------
 
@@ -434,6 +457,9 @@ def create_registry_actor(
     checkpoint_every: int = DEFAULT_CHECKPOINT_EVERY,
     capability_key_file: str | Path | None = None,
     options: dict[str, Any] | None = None,
+    insecure: bool = False,
+    previous_key_file: str | Path | None = None,
+    previous_key_until: float | None = None,
 ) -> Any:
     """Create (or get, if it already exists) the named registry actor and wait until it has recovered.
 
@@ -443,8 +469,21 @@ def create_registry_actor(
     its caller, who retries it with the same key (RayRegistry does), so nothing is applied twice.
 
     `capability_key_file`: the key file the engines also read (`versioned_lora.capabilities`); the actor
-    reads it in its own process, so the caller passes a path, never the key."""
+    reads it in its own process, so the caller passes a path, never the key. Required, unless `insecure=True` (tests
+    that say so: the actor then runs without a key, `RegistryCore`): refused here, before any actor exists.
+    `previous_key_file`/`previous_key_until` (a rotation, `capabilities.KeyRing`) go the same way."""
     import ray
+
+    if capability_key_file is None and not insecure:
+        raise capabilities.KeyRequired(
+            "create_registry_actor needs capability_key_file: the deployment's key file, the one the engines read "
+            "(`versioned-lora keygen PATH` makes one); only tests run a registry without one (insecure=True)")
+    if (previous_key_file is None) != (previous_key_until is None):
+        raise ValueError("a previous key file and the time until which it is accepted go together")
+    key_env = {} if capability_key_file is None else {capabilities.KEY_FILE_ENV: str(capability_key_file)}
+    if previous_key_file is not None:
+        key_env |= {capabilities.PREVIOUS_KEY_FILE_ENV: str(previous_key_file),
+                    capabilities.PREVIOUS_KEY_UNTIL_ENV: str(previous_key_until)}
 
     actor_options: dict[str, Any] = {
         "name": name,
@@ -455,13 +494,12 @@ def create_registry_actor(
         "num_cpus": 0,  # it is I/O-light bookkeeping; never let it wait for a CPU slot
         "get_if_exists": True,
         **({"lifetime": "detached"} if detached else {}),
-        **({"runtime_env": {"env_vars": {capabilities.KEY_FILE_ENV: str(capability_key_file)}}}
-           if capability_key_file is not None else {}),
+        **({"runtime_env": {"env_vars": key_env}} if key_env else {}),
         **(options or {}),
     }
     actor_class: Any = ray.remote(RegistryActor)
     handle = actor_class.options(**actor_options).remote(
-        str(journal_path), tuple(engines), capacity, epoch, checkpoint_every
+        str(journal_path), tuple(engines), capacity, epoch, checkpoint_every, insecure=insecure
     )
     ray.get(handle.pid.remote())  # returns once the actor has recovered its journal
     return handle
@@ -526,6 +564,10 @@ class RayRegistry:
     async def operations_view(self) -> OperationsView:
         view: OperationsView = await self._call(lambda: self.handle.operations_view.remote())
         return view
+
+    async def key_ids(self) -> tuple[str, ...]:
+        ids: tuple[str, ...] = await self._call(lambda: self.handle.key_ids.remote())
+        return ids
 
     async def _call(self, make_ref: Any) -> Any:
         import ray

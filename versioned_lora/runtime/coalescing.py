@@ -58,6 +58,9 @@ class CoalescingRegistry:
     async def version_states(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, VersionState]:
         return await self._inner.version_states(versions)
 
+    async def key_ids(self) -> tuple[str, ...]:
+        return await self._inner.key_ids()
+
     async def dispatch_view(self, versions: Collection[VersionKey]) -> Mapping[VersionKey, DispatchView]:
         return await self._inner.dispatch_view(versions)
 

@@ -14,6 +14,10 @@ itself. Commands run as tasks of their own, one I/O each:
   port's `drop_link`, at once.
 * `ReadRevision`, `ReadLiveFence`: the registry's publication view, answered with its default revision or its live
   lease fence (`RegistryUnavailable` is `Lost`).
+* Before every engine call (`StageEngine`, `CleanupEngine`, `ReclaimEngine`) the port is told the registry's key ids
+  (`StagingEnginePort.expect_registry_keys`), as the loop's latest registry answer gave them, or, if this loop has had
+  none yet (a rehydrate's `begin` comes first), `RegistryPort.key_ids`: the port refuses an engine of another key
+  before the call is sent (KEY_MISMATCH).
 * `CleanupEngine`, `ReclaimEngine`: the engine port's call. `EngineRefused` is `Refusal` (its reason),
   `EngineUnreachable` or a timeout is `Lost`.
 * `Arm`/`Disarm`: a timer (seconds from the caller's `seconds(deadline_name)`); when it fires, `Deadline`.
@@ -119,6 +123,7 @@ class DriverLoop:
         self._retries: dict[str, int] = {}  # registry key or engine call -> times lost in a row so far
         self.failures: dict[Call, str] = {}  # what a refused or lost call said (for the caller's detail)
         self._answers: dict[Call, Any] = {}
+        self._key_ids: tuple[str, ...] | None = None  # the registry's, from its latest answer (None: none yet)
         loop = asyncio.get_running_loop()
         self._reported: asyncio.Future[Report] = loop.create_future()
         self._finished: asyncio.Future[Report] = loop.create_future()
@@ -258,6 +263,7 @@ class DriverLoop:
             if isinstance(command, Submit):
                 answer = await self.registry.submit(command.event, key=command.key)
                 self._retries.pop(retry, None)
+                self._key_ids = answer.key_ids
                 self.answers.append(answer.result)
                 return Answer(call, Reply(answer.result, answer.effects, answer.capabilities))
             if isinstance(command, (ReadRevision, ReadLiveFence)):
@@ -271,6 +277,9 @@ class DriverLoop:
                 assert self.probe_check is not None, "a staging loop needs the caller's probe check"
                 return Answer(call, bool(self.probe_check(command.receipt)))
             engine = self.engines[command.engine]
+            if self._key_ids is None:
+                self._key_ids = await self.registry.key_ids()
+            engine.expect_registry_keys(self._key_ids)
             if isinstance(command, StageEngine):
                 return Answer(call, await self._stage(engine, command))
             if isinstance(command, CleanupEngine):

@@ -20,6 +20,7 @@ import attrs
 
 from versioned_lora.lifecycle import RegistryEffect, RegistryEvent, RegistryResult, VersionKey, VersionState
 from versioned_lora.runtime.views import DispatchView, PublicationView
+from versioned_lora.spec.model import ENCODED_WHEN_SET
 
 # One registry call applies at most this many events (one journal transaction, one fsync). The bound
 # keeps a call's latency and the actor's pause for other callers short; callers with more split.
@@ -39,6 +40,10 @@ class RegistryAnswer:
     # (cleanups and reclaims, `versioned_lora.capabilities`), None for the others. Added by the registry
     # when it answers; never journaled (a replayed answer is signed again).
     capabilities: tuple[str | None, ...] = ()
+    # The ids of the keys the registry signs under now (`capabilities.key_id`, never a key), the current first:
+    # what an engine port compares with the engine's before its first call there (KEY_MISMATCH). Empty: a registry
+    # built insecure. Added when it answers, never journaled (encoded only when set, so a row stays as it was).
+    key_ids: tuple[str, ...] = attrs.field(default=(), metadata={ENCODED_WHEN_SET: True})
 
     def capability_of(self, index: int) -> str | None:
         return self.capabilities[index] if index < len(self.capabilities) else None
@@ -98,6 +103,11 @@ class RegistryPort(Protocol):
     async def publication_view(self) -> PublicationView:
         """Read-only: default, revision, engine incarnations and every version with its placements
         (no sessions) — what the Publisher, the Reclaimer and routing need to decide."""
+        ...
+
+    async def key_ids(self) -> tuple[str, ...]:
+        """Read-only: the ids of the keys the registry signs under now (`RegistryAnswer.key_ids`), for an executor
+        about to call an engine before any answer of the registry told it (a rehydrate's `begin`)."""
         ...
 
 
@@ -221,6 +231,12 @@ class StagingEnginePort(Protocol[CandidateT_contra]):
     # `capability`: the registry's signed word for this exact call (`RegistryAnswer.capabilities`); engines
     # started with a capability key refuse a cleanup or reclaim without a valid one.
     async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None: ...
+
+    def expect_registry_keys(self, key_ids: tuple[str, ...]) -> None:
+        """The registry's key ids, as its latest answer gave them (`RegistryAnswer.key_ids`): before its first
+        `begin`, cleanup or reclaim on an engine incarnation the port compares them with the engine's and refuses
+        a mismatch, `EngineRefused(KEY_MISMATCH)`, before the call is sent. The executor tells it before every
+        engine call."""
 
     async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float, capability: str | None = None) -> bool: ...
 

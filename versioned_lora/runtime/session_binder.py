@@ -200,6 +200,9 @@ class _PortOf:
     async def publication_view(self) -> PublicationView:
         return await self._binder._registry.publication_view()
 
+    async def key_ids(self) -> tuple[str, ...]:
+        return await self._binder._registry.key_ids()
+
 
 Cleanup = Callable[[SessionEntry], Awaitable[None]]
 EffectSink = Callable[[tuple[RegistryEffect, ...]], None]

@@ -15,6 +15,9 @@ PATCH_SET_MODULES = {
     "cpu": "versioned_lora.sglang_patches.cpu_compat",
     "introspection": "versioned_lora.sglang_patches.introspection",
     "managed": "versioned_lora.sglang_patches.managed",
+    # Test-only (issue 41): hold points and injected faults. Never in DEFAULT_PATCHES; after "managed", whose
+    # endpoints it extends.
+    "test_faults": "versioned_lora.sglang_patches.managed.hold_points",
 }
 
 

@@ -18,7 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from versioned_lora.sglang_patches.mechanism import applied_patches
+from versioned_lora.sglang_patches.mechanism import applied_patches, requested_patch_sets
 from versioned_lora.spec.wire import STATUS_PATH
 
 # Minted once per server process start: a READY or receipt from an older incarnation is stale.
@@ -63,6 +63,8 @@ async def status_payload(tokenizer_manager: Any) -> dict[str, Any]:
         "incarnation": INCARNATION,
         "started_at": STARTED_AT,
         "patches": [record.target for record in applied_patches()],
+        # The patch sets this engine loaded (PATCHES_ENV): a test-only set ("test_faults") shows here.
+        "patch_sets": requested_patch_sets(),
         # Requests handed to the scheduler and not finished (TokenizerManager.rid_to_state, ReqState.dispatched
         # and .finished), whatever they name: what shares the engine's batch and KV cache right now.
         "requests_in_flight": sum(1 for state in list(tokenizer_manager.rid_to_state.values())

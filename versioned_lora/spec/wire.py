@@ -14,7 +14,19 @@ from versioned_lora.spec.reasons import Reason
 # Bumped on any change to what the managed endpoints take or answer that a publisher of another version
 # would misread.
 PROTOCOL_VERSION = 2
-PROTOCOL_MISMATCH = "PROTOCOL_MISMATCH"  # the typed refusal a publisher raises for an engine of another version
+
+
+class PortRefusal(StrEnum):
+    """What the library's engine ports refuse on their own, before a call is sent (`adapters.engine_staging`)."""
+
+    PROTOCOL_MISMATCH = "PROTOCOL_MISMATCH"  # the engine speaks another protocol version: no begin is sent
+    # The engine accepts none of the keys the registry signs under (`capabilities.key_id`, both ids in the message):
+    # no begin, cleanup or reclaim is sent; the deployment's key files differ (docs/runbook.md, "KEY_MISMATCH").
+    KEY_MISMATCH = "KEY_MISMATCH"
+
+
+PROTOCOL_MISMATCH = PortRefusal.PROTOCOL_MISMATCH
+KEY_MISMATCH = PortRefusal.KEY_MISMATCH
 
 # ---- HTTP
 MANAGED_PREFIX = "/versioned_lora/"  # POST MANAGED_PREFIX + operation (begin, bucket, end, cleanup, reclaim, ...)
@@ -28,7 +40,6 @@ PATCHES_ENV = "VERSIONED_LORA_PATCHES"  # which patch set to apply (sglang_patch
 EXIT_WITH_PARENT_ENV = "VERSIONED_LORA_EXIT_WITH_PARENT"  # the engine exits when the process that started it does
 STAGING_ADDRESS_ENV = "VERSIONED_LORA_STAGING_ADDRESS"  # the HTTP server's channel to the scheduler's stash
 STANDBY_FILE_ENV = "VERSIONED_LORA_STANDBY_FILE"  # a warm standby: the file that names the port to serve on
-TEST_HOLD_POINTS_ENV = "VERSIONED_LORA_TEST_HOLD_POINTS"  # "1": the test-only hold points may be armed
 # How the scheduler verifies a stash: "pipelined" (the default: each bucket hashed as it lands) or
 # "after-last-bucket" (every hash after the last bucket, on one thread: the verification as it was before,
 # kept only as the baseline benchmarks/end_phase.py measures the default against in the same run).

@@ -4,6 +4,7 @@
 - `engine_side`: the engine-side machine of the spec table, driven here, and its effects.
 - `endpoints`: ``/versioned_lora/{begin,receive_bucket,end,cleanup,reclaim}`` (+ status section).
 - `generate_gate`: what ``/generate`` and every other request path take (fields, vocabulary, cache keys).
+- `generate_envelope`: ``/generate``'s refusals made by FastAPI's parse and SGLang's own checks, typed too.
 - `route_gate`: generation goes through ``/generate`` only; the other serving routes are refused, typed.
 - `audit`: counters of pause/flush/abort_all/base-weight updates.
 
@@ -20,6 +21,7 @@ from versioned_lora.sglang_patches import introspection
 from versioned_lora.sglang_patches.managed import (
     audit,
     endpoints,
+    generate_envelope,
     generate_gate,
     guards,
     metrics,
@@ -84,6 +86,7 @@ def apply(role: str) -> None:
     guards.install(may_serve=lambda name: current_engine().unavailable_state(name))
     _install_refcount_mirror(LoRARegistry)
     generate_gate.install(limits=_limits)
+    generate_envelope.install()  # /generate's refusals before (and beside) the gate: typed too
     endpoints.install(http_server.app, _LazyEngine())  # type: ignore[arg-type]
     route_gate.install(http_server.app)
     introspection.STATUS_EXTENSIONS.append(lambda _tm: endpoints.status_extension(current_engine()))

@@ -25,7 +25,7 @@ from fastapi import Request  # module level: FastAPI resolves the endpoint's ann
 from versioned_lora import capabilities
 from versioned_lora.adapters.manifest import KNOWN_HASH_KINDS, Manifest, ManifestError, UnsupportedManifest
 from versioned_lora.adapters.transfer import BucketPlan, TransferError
-from versioned_lora.sglang_patches.managed import audit, fields, hold_points, metrics, staging_channel
+from versioned_lora.sglang_patches.managed import audit, fields, metrics, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import (
     CandidateRefused,
     EngineOperationError,
@@ -122,7 +122,6 @@ _BUCKET_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "index"
 _END_FIELDS = frozenset({"lora_name", "attempt_token", "incarnation", "probe_input_ids"})
 _CLEANUP_FIELDS = frozenset({"lora_name", "attempt_token", "capability"})
 _RECLAIM_FIELDS = frozenset({"lora_name", "reclaim_id", "wait_s", "capability"})
-_HOLD_FIELDS = frozenset({"point", "lora_name", "release"})
 MAX_PROBE_TOKENS = 256
 MAX_WAIT_S = 600.0
 
@@ -133,7 +132,8 @@ class ManagedAPI:
     # The registry's key (versioned_lora.capabilities): a cleanup or reclaim is carried out only on a valid
     # capability for that exact name, action and attempt/reclaim id (issue 19: a reclaim with another
     # version's reclaim id unloaded the live default). Required, read once, at start.
-    capability_key: bytes = attrs.field(factory=lambda: require_capability_key())
+    # During a rotation (capabilities.KeyRing) the previous key is accepted too, until its stated time.
+    capability_key: capabilities.KeyRing = attrs.field(factory=lambda: require_capability_key())
 
     def _authorize(self, body: dict[str, Any], action: capabilities.Action, name: str, reference: str) -> None:
         given = body.get("capability")
@@ -141,7 +141,7 @@ class ManagedAPI:
             raise BadRequest(EngineRefusal.CAPABILITY_MISSING,
                              f"{action} of {name!r} needs the registry's capability", 403,
                              field="capability")
-        if not capabilities.verify(self.capability_key, given, action, name, reference):
+        if not capabilities.verify_any(self.capability_key, given, action, name, reference):
             raise BadRequest(EngineRefusal.CAPABILITY_INVALID,
                              f"the capability is not the registry's for {action} of {name!r} "
                              f"under {reference!r}", 403, field="capability")
@@ -283,21 +283,6 @@ class ManagedAPI:
         self._authorize(body, capabilities.Action.RECLAIM, name, reclaim_id)
         return await self.engine.reclaim(name, reclaim_id, wait_s)
 
-    async def test_hold(self, body: dict[str, Any]) -> Any:
-        """Arm (or release) a test-only hold point (managed/hold_points.py); refused unless the engine was
-        started with them."""
-        fields.only(body, _HOLD_FIELDS, "test_hold")
-        point = fields.string(body, "point", fields.TOKEN_RE, max_len=16)
-        if point not in hold_points.POINTS:
-            raise BadRequest(EngineRefusal.MALFORMED_REQUEST,
-                             f"field 'point' must be one of {list(hold_points.POINTS)}",
-                             field="point")
-        if fields.boolean(body, "release", default=False):
-            hold_points.HOLDS.release(point)
-        else:
-            hold_points.HOLDS.arm(point, _managed_name(body))
-        return hold_points.HOLDS.status()
-
 
 def _to_json(value: Any) -> Any:
     if attrs.has(type(value)):
@@ -321,18 +306,26 @@ class MissingCapabilityKey(RuntimeError):
     not tell an unload the registry decided from one a token holder made up."""
 
 
-def require_capability_key() -> bytes:
+def require_capability_key() -> capabilities.KeyRing:
+    """The engine's key ring, read from its environment once per process (the key files are read at start)."""
+    global _KEYRING
+    if _KEYRING is not None:
+        return _KEYRING
     try:
-        key = capabilities.key_from_env()
+        ring = capabilities.keyring_from_env()
     except (OSError, capabilities.CapabilityKeyError) as exc:
         raise MissingCapabilityKey(f"the capability key could not be read: {exc}") from None
-    if key is None:
+    if ring is None:
         raise MissingCapabilityKey(
-            f"versioned-lora managed engines need the registry's capability key: ${capabilities.KEY_FILE_ENV} (a "
-            f"0600 file the registry actor reads too) or ${capabilities.KEY_ENV}; `versioned-lora engine` "
-            f"creates one (docs/integration.md, 'Capabilities')"
+            f"versioned-lora managed engines need the deployment's capability key: ${capabilities.KEY_FILE_ENV} (a "
+            f"0600 file the registry actor reads too) or ${capabilities.KEY_ENV}; `versioned-lora keygen PATH` "
+            f"makes one (docs/runbook.md, 'KEY_MISMATCH')"
         )
-    return key
+    _KEYRING = ring
+    return ring
+
+
+_KEYRING: capabilities.KeyRing | None = None
 
 
 def require_token() -> str:
@@ -423,10 +416,22 @@ def install(app: Any, engine: ManagedEngine) -> None:
         "end": api.end,
         "cleanup": api.cleanup,
         "reclaim": api.reclaim,
-        "test_hold": api.test_hold,
     }.items():
         app.add_api_route(f"{PREFIX}/{path}", route(handler), methods=["POST"])
     app.add_api_route(f"{PREFIX}/begin", route(api.begin, MAX_BEGIN_BODY), methods=["POST"])
+    _ROUTES.append(lambda path, handler: app.add_api_route(f"{PREFIX}/{path}", route(handler), methods=["POST"]))
+
+
+# How a later patch set adds a managed endpoint (token, body limits, typed envelope: the same `route` as above),
+# e.g. the test-only `test_faults` set's `test_hold`. Set by `install`.
+_ROUTES: list[Callable[[str, Callable[[dict[str, Any]], Any]], None]] = []
+
+
+def add_managed_route(path: str, handler: Callable[[dict[str, Any]], Any]) -> None:
+    """Serve ``/versioned_lora/<path>`` with `handler`, as the managed endpoints are served."""
+    if not _ROUTES:
+        raise RuntimeError(f"/versioned_lora/{path} needs the managed patch set, applied before it")
+    _ROUTES[-1](path, handler)
 
 
 def _adapter_view(engine: ManagedEngine, body: dict[str, Any]) -> Any:
@@ -439,8 +444,7 @@ async def status_extension(engine: ManagedEngine) -> dict[str, Any]:
         scheduler = await staging_channel.call("status")
     except SchedulerCallFailed as exc:
         scheduler = {"error": str(exc)}
-    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler, "protocol": protocol(),
-            "hold_points": hold_points.HOLDS.status()}
+    return {**engine.status(), "audit": audit.snapshot(), "staging": scheduler, "protocol": protocol()}
 
 
 def protocol() -> dict[str, Any]:
@@ -451,4 +455,8 @@ def protocol() -> dict[str, Any]:
         "manifest_formats": sorted(KNOWN_HASH_KINDS),
         "manifest_hash_kinds": sorted(set(KNOWN_HASH_KINDS.values())),
         "capabilities_required": True,  # always: a managed engine does not start without the key
+        # The keys' ids (a hash of each, never a key), the current first and a previous one while its rotation
+        # window is open: an engine port compares them with the registry's before its first call (KEY_MISMATCH).
+        "key_id": capabilities.key_id(require_capability_key().current),
+        "key_ids": list(require_capability_key().ids()),
     }

@@ -215,7 +215,10 @@ def install(limits: Callable[[], Limits]) -> None:
             metrics.count_refusal("generate", exc.code)
             return exc.payload()
         stock = stock_contract(body)
-        return None if stock is None else {"reason": EngineRefusal.MALFORMED_REQUEST, "message": str(stock)}
+        if stock is None:
+            return None
+        metrics.count_refusal("generate", EngineRefusal.MALFORMED_REQUEST)
+        return {"reason": EngineRefusal.MALFORMED_REQUEST, "field": "body", "message": str(stock)}
 
     # http_server.generate_request calls the name from its module namespace at request time.
     replace_attribute(PATCH_SET, http_server, "generate_contract_error", contract_error,

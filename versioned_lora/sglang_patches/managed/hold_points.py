@@ -1,36 +1,47 @@
-"""Test-only hold points inside the engine's own calls (issue 18): where a `kill -9` must land inside one
-managed call, which no caller-side hold can reach, and one injected fault a real engine does not produce on
-demand.
+"""Patch set "test_faults": the engine-side hold points and injected faults that tests use (issue 18), loaded only
+when a test names the set in ``VERSIONED_LORA_PATCHES`` (issue 41: never in `DEFAULT_PATCHES`; the suite's engines
+are started with ``tests/engine_helpers.TEST_PATCHES``). On any other engine this module stays inert: every hook
+the engine's code calls here returns at once, no ``/versioned_lora/test_hold`` route exists, and the status has no
+``hold_points`` section (its ``patch_sets`` lists what was loaded).
+
+Hold points (a call of the engine's stops there, for exactly one armed name, until released or killed):
 
 - ``load``: `end` verified the stash and the table moved the candidate on, and SGLang's load has not begun;
 - ``probe``: the candidate is loaded pinned, and its probe request has not been sent;
-- ``unload``: a reclaim drained every native reference, and SGLang's physical unload has not been asked for;
-- ``fail_request`` (a fault, not a hold): the next request naming the version fails with an unexpected error
-  inside the tokenizer manager, after SGLang acquired its LoRA reference and before it reaches the scheduler
+- ``unload``: a reclaim drained every native reference, and SGLang's physical unload has not been asked for.
+
+Faults (`FAULTS`, a registry: the next call naming the armed version fails once, then the fault is disarmed):
+
+- ``fail_request``: the next request naming the version fails with an unexpected error inside the tokenizer
+  manager, after SGLang acquired its LoRA reference and before it reaches the scheduler
   (`TokenizerManager._validate_one_request`, where our `generate_gate` check runs): SGLang answers it 500 and
   releases the reference on its own failure path (`_release_req_states_on_failure`).
 
-A hold point exists only in an engine started with ``VERSIONED_LORA_TEST_HOLD_POINTS=1``; on any other engine
-arming one is refused, typed (403 ``HOLD_POINTS_DISABLED``), and nothing here ever waits. Armed (``POST
-/versioned_lora/test_hold`` with ``point`` and ``lora_name``, the token required like every managed endpoint),
-the next call to reach that point for that exact name stops there, shows itself in ``/versioned_lora/status``
-(``hold_points.held``), and waits until the test kills the engine or releases it (``release: true``). Only the
-waiting call stops: the rest of the engine keeps serving.
+A new fault is one entry in `FAULTS` and one ``if HOLDS.trip("<fault>", name): raise ...`` where the engine's code
+should fail. Armed through ``POST /versioned_lora/test_hold`` (``point``, ``lora_name``; ``release: true`` ends a
+hold or disarms), the token required like every managed endpoint; ``/versioned_lora/status`` shows
+``hold_points`` (``armed``, ``held``). Only the waiting call stops: the rest of the engine keeps serving.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 from typing import Any
 
+from versioned_lora.sglang_patches.managed import fields
 from versioned_lora.sglang_patches.managed.fields import BadRequest
-from versioned_lora.spec.wire import TEST_HOLD_POINTS_ENV, EngineRefusal
+from versioned_lora.spec.wire import EngineRefusal
 
-ENV = TEST_HOLD_POINTS_ENV
+PATCH_SET = "test_faults"
 HOLDS_AT = ("load", "probe", "unload")
-FAULTS = ("fail_request",)
-POINTS = HOLDS_AT + FAULTS
+# name -> what it does; `HoldPoints.trip` fires one of them once for its armed name.
+FAULTS: dict[str, str] = {
+    "fail_request": "the next /generate naming the version fails 500 inside the tokenizer manager",
+}
+
+
+def points() -> tuple[str, ...]:
+    return HOLDS_AT + tuple(FAULTS)
 
 
 class InjectedFailure(RuntimeError):
@@ -38,8 +49,8 @@ class InjectedFailure(RuntimeError):
 
 
 class HoldPoints:
-    def __init__(self, enabled: bool | None = None) -> None:
-        self.enabled = os.environ.get(ENV) == "1" if enabled is None else enabled
+    def __init__(self, enabled: bool = False) -> None:
+        self.enabled = enabled  # set by the patch set's `apply`, in the server process only
         self._armed: dict[str, str] = {}  # point -> the name whose call stops there
         self._held: dict[str, str] = {}  # point -> the name whose call waits there now
         self._released: dict[str, asyncio.Event] = {}
@@ -47,7 +58,7 @@ class HoldPoints:
     def _require_enabled(self) -> None:
         if not self.enabled:
             raise BadRequest(EngineRefusal.HOLD_POINTS_DISABLED,
-                             f"this engine was not started with {ENV}=1", 403, field="point")
+                             f"this engine was not started with the {PATCH_SET} patch set", 403, field="point")
 
     def arm(self, point: str, name: str) -> None:
         self._require_enabled()
@@ -60,15 +71,19 @@ class HoldPoints:
         if event is not None:
             event.set()
 
+    def trip(self, fault: str, names: object) -> bool:
+        """True, once, for a call that names the version `fault` is armed for (a name or a list of names)."""
+        armed = self._armed.get(fault) if self.enabled else None
+        if armed is None or armed not in (names if isinstance(names, list) else [names]):
+            return False
+        del self._armed[fault]
+        return True
+
     def fail_request(self, names: object) -> None:
         """Called for every request the tokenizer manager checks; raises once for a request naming the armed
         version."""
-        armed = self._armed.get("fail_request") if self.enabled else None
-        if armed is None:
-            return
-        if armed in (names if isinstance(names, list) else [names]):
-            del self._armed["fail_request"]
-            raise InjectedFailure(f"injected failure (test-only fault point 'fail_request') for {armed!r}")
+        if self.trip("fail_request", names):
+            raise InjectedFailure(f"injected failure (test-only fault 'fail_request') for {names!r}")
 
     async def reach(self, point: str, name: str) -> None:
         """Called by the engine at `point` of a call for `name`; returns at once unless armed for exactly that."""
@@ -87,3 +102,33 @@ class HoldPoints:
 
 
 HOLDS = HoldPoints()
+
+_HOLD_FIELDS = frozenset({"point", "lora_name", "release"})
+
+
+def test_hold(body: dict[str, Any]) -> Any:
+    """``POST /versioned_lora/test_hold``: arm (or release) a hold point or a fault."""
+    from versioned_lora.sglang_patches.managed.endpoints import _managed_name
+
+    fields.only(body, _HOLD_FIELDS, "test_hold")
+    point = fields.string(body, "point", fields.TOKEN_RE, max_len=16)
+    if point not in points():
+        raise BadRequest(EngineRefusal.MALFORMED_REQUEST, f"field 'point' must be one of {list(points())}",
+                         field="point")
+    if fields.boolean(body, "release", default=False):
+        HOLDS.release(point)
+    else:
+        HOLDS.arm(point, _managed_name(body))
+    return HOLDS.status()
+
+
+def apply(role: str) -> None:
+    """Enable the hooks and serve their route, in the server process (the hooks all run there)."""
+    if role != "server":
+        return
+    from versioned_lora.sglang_patches import introspection
+    from versioned_lora.sglang_patches.managed import endpoints
+
+    HOLDS.enabled = True
+    endpoints.add_managed_route("test_hold", test_hold)
+    introspection.STATUS_EXTENSIONS.append(lambda _tm: {"hold_points": HOLDS.status()})
