@@ -552,12 +552,14 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: min(50, steps // 5))")
     parser.add_argument("--max-minutes", type=float, default=0.0, help="stop publishing after this long (0: never)")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--commit", help="the commit this code is (default: git's HEAD here; a copy of a commit "
+                        "run from outside the checkout names it)")
     parser.add_argument("--engines", help="attach to running engines: URL0,URL1 (default: start two)")
     parser.add_argument("--token", help="managed-endpoint token of the attached engines")
     parser.add_argument("--capability-key-file", help="the key file the attached engines were started with")
     args = parser.parse_args(argv)
     args.warmup = min(50, args.steps // 5) if args.warmup is None else args.warmup
-    args.commit = git_commit()
+    args.commit = args.commit or git_commit()
     out = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="soak-"))
     out.mkdir(parents=True, exist_ok=True)
     print(f"soak: fixture {args.fixture}, {args.steps} steps, {args.concurrency} agentic sessions + mixed traffic, "
