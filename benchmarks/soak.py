@@ -206,10 +206,12 @@ class Traffic:
         """A long prompt, aborted while the engine is still on its prefill (or has it queued)."""
         prompt = [self.rng.randrange(1, 500) for _ in range(min(1024, self.context_len // 2))]
         call = asyncio.create_task(client.generate(prompt, lora_path, 32, rid=rid))
-        await asyncio.sleep(0.002)
-        await client.abort_request(rid)
-        with contextlib.suppress(EngineHTTPError):  # an aborted request may come back as an error body
-            await call
+        try:
+            await asyncio.sleep(0.002)
+            await client.abort_request(rid)
+        finally:  # the request is over before its session closes, whatever the abort did
+            with contextlib.suppress(EngineHTTPError):  # an aborted request may come back as an error body
+                await call
         self.counters.prefill_aborts += 1
 
     async def _over_context(self, client: SGLangClient, lora_path: str, rid: str) -> None:
@@ -230,6 +232,8 @@ class Traffic:
         payload = {"input_ids": [self.rng.randrange(1, 500) for _ in range(24)], "lora_path": lora_path, "rid": rid,
                    "sampling_params": {"max_new_tokens": 64, "temperature": 0.0, "ignore_eos": True}, "stream": True}
         async with client._http.stream("POST", "/generate", json=payload) as response:
+            if response.status_code != 200:
+                raise EngineHTTPError(response.status_code, (await response.aread()).decode()[:300])
             async for line in response.aiter_lines():
                 if line.startswith("data:"):
                     break  # leaving the block closes the connection mid-stream
@@ -369,18 +373,26 @@ class Soak:
         while (self.recorder.in_flight or self.traffic.counters.in_flight) and time.monotonic() < deadline:
             await asyncio.sleep(0.05)
         await asyncio.sleep(0.5)  # an aborted or disconnected request's release reaches the scheduler
+        # SGLang's request counter of every registered adapter (None: no counter, nothing ever held it), of every
+        # unregistered one still draining, and the managed table's mirror of it: all 0 with nothing in flight.
         drift = []
+        engine_in_flight = {}
         for name, client in self.stack.clients.items():
             status = await client.status()
+            engine_in_flight[name] = status.get("requests_in_flight")
             for adapter in status.get("adapters", []):
-                if adapter.get("refcount", 0) != 0:
-                    drift.append({"engine": name, "adapter": adapter["name"], "refcount": adapter.get("refcount")})
+                if (adapter.get("refcount") or 0) != 0:
+                    drift.append({"engine": name, "adapter": adapter["name"], "refcount": adapter["refcount"]})
+            for entry in status.get("draining", []):
+                if (entry.get("refcount") or 0) != 0:
+                    drift.append({"engine": name, "draining_lora_id": entry["lora_id"], "refcount": entry["refcount"]})
             for adapter in status.get("managed", []):
-                if adapter.get("native_refcount", 0) != 0:
+                if (adapter.get("native_refcount") or 0) != 0:
                     drift.append({"engine": name, "adapter": adapter["name"],
-                                  "native_refcount": adapter.get("native_refcount")})
+                                  "native_refcount": adapter["native_refcount"]})
         in_flight = self.recorder.in_flight + self.traffic.counters.in_flight
-        self.drains.append({"step": step, "client_in_flight": in_flight, "drift": drift})
+        self.drains.append({"step": step, "client_in_flight": in_flight, "engine_requests_in_flight": engine_in_flight,
+                            "drift": drift})
         print(f"  drain at step {step}: in flight {self.drains[-1]['client_in_flight']}, drift {len(drift)}",
               flush=True)
         if restart:
