@@ -289,7 +289,7 @@ class Soak:
         self.capacity_waits = 0
         self.max_managed = 0
         self.publish_failures: list[str] = []
-        self._reclaiming: set[VersionKey] = set()
+        self._claimed_at: dict[VersionKey, float] = {}  # when a reclaim of the version was first asked for
         self._stop_reclaimer = asyncio.Event()
 
     # ---- the reclaimer
@@ -307,12 +307,13 @@ class Soak:
         for key, version in sorted(view.versions.items()):
             if str(version.state) not in ("RETIRED", "RECLAIMING") or version.session_refs:
                 continue
-            started = time.monotonic()
+            started = self._claimed_at.setdefault(key, time.monotonic())
             outcome = await self.stack.reclaimer.reclaim(key)
             done = time.monotonic()
-            if str(outcome.status) != "RECLAIMED":
+            if str(outcome.status) != "RECLAIMED":  # PENDING (an engine still drains): asked again next poll
                 continue
             ready = max(self.retired_at.get(key, started), self.traffic.last_close.get(key, 0.0))
+            # unload_s: from the first reclaim call to the RECLAIMED answer, over every call it took.
             self.reclaims.append({"version": key.version_id, "unload_s": done - started,
                                   "lag_s": max(0.0, done - ready), "at": done})
 
@@ -343,6 +344,13 @@ class Soak:
         started = time.monotonic()
         waits = 0
         while True:
+            # As a trainer would: wait for a free slot (the reclaimer frees the version retired a step ago), then
+            # publish; a reserve refused for capacity all the same (a race) waits and tries again.
+            ops = await self.stack.registry.operations_view()
+            if ops.occupied >= ops.capacity:
+                waits += 1
+                await asyncio.sleep(CAPACITY_WAIT_S)
+                continue
             outcome = await self.stack.publisher.publish(version, candidate)
             if outcome.status == "REJECTED" and outcome.reason == "CAPACITY_ERROR":
                 waits += 1
