@@ -66,6 +66,7 @@ ABORT_SHARE = 0.3  # agentic sessions whose one turn is aborted mid-generation a
 RECLAIM_POLL_S = 0.1
 SLOW_UNLOAD_S = 2.0
 CAPACITY_WAIT_S = 0.05
+STUCK_S = 180.0  # a step that waits this long for a free slot ends the run (and its report says why)
 # Liveness bounds with room for a loaded 2-core host (tests/e2e/deployment.py's), not speed targets.
 DEADLINES = Deadlines(reserve=30.0, begin=90.0, bucket=60.0, commit=30.0, abort=30.0, report=30.0)
 
@@ -348,6 +349,8 @@ class Soak:
             # publish; a reserve refused for capacity all the same (a race) waits and tries again.
             ops = await self.stack.registry.operations_view()
             if ops.occupied >= ops.capacity:
+                if time.monotonic() - started > STUCK_S:
+                    raise RuntimeError(f"step {step}: no free slot for {STUCK_S:.0f} s (a reclaim that never ends?)")
                 waits += 1
                 await asyncio.sleep(CAPACITY_WAIT_S)
                 continue
@@ -417,7 +420,11 @@ class Soak:
                 if self.args.max_minutes and time.monotonic() - began > 60 * self.args.max_minutes:
                     print(f"  stopping after {step} steps: --max-minutes {self.args.max_minutes}", flush=True)
                     break
-                await self.publish_step(step)
+                try:
+                    await self.publish_step(step)
+                except RuntimeError as exc:
+                    self.publish_failures.append(str(exc))
+                    break
                 if step % self.args.drain_every == 0:
                     await self.drain_and_check(step)
                 if step % 10 == 0:
