@@ -125,7 +125,9 @@ def test_registry_and_engine_metrics_after_a_publication_and_a_reclaim(metrics_e
                 ("ray_versioned_lora_registry_versions", (("state", "LOADING"),)): 0.0,
                 ("ray_versioned_lora_registry_capacity_used_slots", ()): 1.0,
                 ("ray_versioned_lora_registry_capacity_slots", ()): 2.0,
-                ("ray_versioned_lora_registry_session_refs", (("version", "A"),)): 0.0,
+                # A is reclaimed: its series is gone (recorded at 0 once, then no more: Ray's agent drops it);
+                # B's stays while B is live (the actor records its live gauges again every few seconds).
+                ("ray_versioned_lora_registry_session_refs", (("version", "A"),)): None,
                 ("ray_versioned_lora_registry_session_refs", (("version", "B"),)): 0.0,
                 ("ray_versioned_lora_registry_publications_total",
                  (("outcome", "committed"), ("reason", "none"))): 2.0,
@@ -138,7 +140,7 @@ def test_registry_and_engine_metrics_after_a_publication_and_a_reclaim(metrics_e
                 ("ray_versioned_lora_registry_open_sessions", ()): 0.0,
             }
             url = ray_metrics_url()
-            deadline = time.monotonic() + SCRAPE_DEADLINE_S
+            deadline = time.monotonic() + SCRAPE_DEADLINE_S  # A's series leaves after two export intervals (20 s)
             while True:
                 series = registry_series((await http.get(url)).text, stack.registry_name)
                 got = {key: series.get(key) for key in expected}

@@ -21,22 +21,30 @@ from versioned_lora.spec.states import VersionState
 
 
 def raw_versions(view: Any) -> dict[str, dict[str, Any]]:
+    """A RECLAIMED version's placements read UNLOADED (every engine confirmed its unload to get there)."""
     return {
         key.version_id: {
             "version_id": key.version_id, "epoch": key.epoch, "lora_name": v.lora_name, "digest_prefix": v.digest[:12],
             "state": str(v.state), "default": key == view.default, "session_refs": v.session_refs,
             "attempt_token": v.attempt_token, "reclaim_id": v.reclaim_id,
-            "placements": {e: {"state": str(p.state), "incarnation": p.incarnation, "attempt_token": p.attempt_token}
+            "placements": {e: {"state": "UNLOADED" if v.state is VersionState.RECLAIMED else str(p.state),
+                               "incarnation": p.incarnation, "attempt_token": p.attempt_token}
                            for e, p in v.placements.items()},
         }
         for key, v in view.versions.items()
     }
 
 
-def raw_adapters(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """Per adapter name: SGLang's LoRARegistry entry (lora_id, pinned, refcount) and the managed state."""
+def raw_adapters(status: dict[str, Any], view: Any = None) -> dict[str, dict[str, Any]]:
+    """Per adapter name: SGLang's LoRARegistry entry (lora_id, pinned, refcount) and the managed state. With
+    `view` (status without --all): a managed adapter that holds no slot (UNLOADED, CLEANED, ABSENT) and names no
+    version of the view is left out; the engines here also hold earlier tests' unloaded versions."""
     native = {a["name"]: a for a in status["adapters"]}
     managed = {a["name"]: a for a in status["managed"]}
+    if view is not None:
+        names = {v.lora_name for v in view.versions.values()}
+        managed = {n: a for n, a in managed.items()
+                   if n in native or n in names or a["state"] not in ("UNLOADED", "CLEANED", "ABSENT")}
     return {
         name: {
             "name": name,
@@ -49,12 +57,13 @@ def raw_adapters(status: dict[str, Any]) -> dict[str, dict[str, Any]]:
     }
 
 
-async def check_against_raw(d: Any, tmp_path: Any) -> dict[str, Any]:
+async def check_against_raw(d: Any, tmp_path: Any, *flags: str) -> dict[str, Any]:
     """Run `status --json`; require every row to equal the raw registry and engine state read right after."""
-    out = await cli("status", "--json", *connection_args(d, tmp_path, token=False))
+    out = await cli("status", "--json", *flags, *connection_args(d, tmp_path, token=False))
     assert out.code == 0, out.stderr
     rows = out.json()
-    view = await d.registry.publication_view()
+    everything = "--all" in flags
+    view = await d.registry.publication_view(everything)
     assert rows["registry"]["default_revision"] == view.default_revision
     assert rows["registry"]["engines"] == list(view.engines)
     assert rows["registry"]["incarnations"] == dict(view.incarnations)
@@ -69,7 +78,7 @@ async def check_against_raw(d: Any, tmp_path: Any) -> dict[str, Any]:
         assert row["reachable"] and row["url"] == client.base_url
         assert row["incarnation"] == status["incarnation"] and row["pid"] == status["pid"]
         assert row["registry_incarnation"] == view.incarnations[engine]
-        assert {a["name"]: a for a in row["adapters"]} == raw_adapters(status)
+        assert {a["name"]: a for a in row["adapters"]} == raw_adapters(status, None if everything else view)
     return rows
 
 
@@ -173,6 +182,9 @@ def test_status_json_after_each_demo_step_equals_raw_state_and_the_scenario_with
             assert {adapter_row(rows, e, a.lora_name)["managed_state"] for e in ("E0", "E1")} == {"UNLOADED"}
             assert rows["reclaims"] == [] and rows["blocking"] == []
             assert rows["registry"]["capacity"] == {"used": 1, "total": 2}
+            assert {p["state"] for p in rows["versions"][0]["placements"].values()} == {"UNLOADED"}
+            every = await check_against_raw(d, tmp_path, "--all")  # every adapter the engines report
+            assert every["versions"] == rows["versions"] and every["registry"]["versions_left_out"] == 0
 
             # 7. C with altered bytes to E1 (injected): refused at end, aborted, cleaned on both engines
             restore = corrupt_transfers_to(d, "E1", c)

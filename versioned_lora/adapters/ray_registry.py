@@ -17,6 +17,7 @@ import functools
 import gc
 import os
 import pickle
+import threading
 import time
 import uuid
 from collections import OrderedDict
@@ -28,7 +29,7 @@ import attrs
 
 from versioned_lora import capabilities
 from versioned_lora.adapters.journal import CheckpointWriter, Journal, state_digest
-from versioned_lora.adapters.registry_metrics import OPEN_SESSION_STATES, RegistryMetrics, ray_metric
+from versioned_lora.adapters.registry_metrics import REFRESH_S, RegistryMetrics, ray_metric
 from versioned_lora.lifecycle import (
     ArmLeaseTimer,
     ExpireLease,
@@ -50,9 +51,8 @@ from versioned_lora.runtime.interfaces import (
     RegistryError,
     RegistryUnavailable,
 )
-from versioned_lora.runtime.views import DispatchView, PublicationView, dispatch_view, publication_view
+from versioned_lora.runtime.views import DispatchView, PublicationView, ViewIndex, dispatch_view
 from versioned_lora.spec.identities import check_version_identity
-from versioned_lora.spec.model import occupied_slots
 
 REGISTRY_ACTOR_NAME = "versioned_lora_registry"
 REGISTRY_NAMESPACE = "versioned_lora"
@@ -69,7 +69,9 @@ def new_key(prefix: str = "call") -> str:
 @attrs.frozen
 class OperationsView:
     """What an operator needs beside `PublicationView` (which the runtime's view module defines): the
-    capacity, the slots held, each claimed version's engines that confirmed their unload, open sessions."""
+    capacity, the slots held, each claimed version's engines that confirmed their unload (of the versions the
+    publication view of the same `all_versions` holds), open sessions. Answered from `ViewIndex`: its cost does
+    not grow with sessions or with the versions that ended."""
 
     epoch: int
     capacity: int
@@ -152,6 +154,7 @@ class RegistryCore:
                                 publisher_lease=publisher_lease if recorded is None else recorded.publisher_lease)
         self._journal.bind_config(initial.config)
         self._state, replayed = self._journal.recover(initial, step)
+        self._index = ViewIndex(self._state)  # the one walk of every session and version: at start, not per read
         self._next_seq = self._journal.next_seq()
         self._checkpoint_every = checkpoint_every
         self._events_since_checkpoint = 0
@@ -210,6 +213,7 @@ class RegistryCore:
             raise
         # Only now, with the row durable, does the state move and the call become answerable.
         self._next_seq = seq + 1
+        self._index.advance(self._state, state, events)
         self._state = state
         self._arm_lease_timer(steps)
         self._remember(key, events, answers)
@@ -298,19 +302,26 @@ class RegistryCore:
     def dispatch_view(self, versions: Collection[VersionKey]) -> dict[VersionKey, DispatchView]:
         return dispatch_view(self._state, versions)
 
-    def publication_view(self) -> PublicationView:
-        return publication_view(self._state)
+    def publication_view(self, all_versions: bool = False) -> PublicationView:
+        """Every live version and the last few ended ones (`views.RECENT_ENDED`); `all_versions`: every one."""
+        return self._index.view(self._state, all_versions)
+
+    def view_index(self) -> ViewIndex:
+        return self._index
 
     def state_digest(self) -> str:
         return state_digest(self._state)
 
-    def operations_view(self) -> OperationsView:
+    def operations_view(self, all_versions: bool = False) -> OperationsView:
         state, timer = self._state, self._lease_timer  # a read expires nothing: an overdue lease shows 0 s left
         held = state.lease.holder is not None and timer is not None and timer[0] == state.lease.fence
+        index = self._index
+        shown = state.versions.keys() if all_versions else index.shown()
         return OperationsView(
-            state.config.epoch, state.config.capacity, occupied_slots(state),
-            {key: tuple(sorted(v.reclaim_confirmed)) for key, v in state.versions.items() if v.reclaim_id is not None},
-            sum(1 for s in state.sessions.values() if s.state in OPEN_SESSION_STATES),
+            state.config.epoch, state.config.capacity, len(index.live),  # every live version holds one slot
+            {key: tuple(sorted(v.reclaim_confirmed)) for key in shown
+             if (v := state.versions[key]).reclaim_id is not None},
+            index.open_sessions,
             state.lease.holder, state.lease.fence,
             max(0.0, timer[1] - time.monotonic()) if held and timer is not None else None,
         )
@@ -386,11 +397,11 @@ class LocalRegistry:
     async def state_digest(self) -> str:
         return self.core.state_digest()
 
-    async def publication_view(self) -> PublicationView:
-        return self.core.publication_view()
+    async def publication_view(self, all_versions: bool = False) -> PublicationView:
+        return self.core.publication_view(all_versions)
 
-    async def operations_view(self) -> OperationsView:
-        return self.core.operations_view()
+    async def operations_view(self, all_versions: bool = False) -> OperationsView:
+        return self.core.operations_view(all_versions)
 
     async def key_ids(self) -> tuple[str, ...]:
         return self.core.key_ids()
@@ -421,7 +432,10 @@ class RegistryActor(RegistryCore):
 
         name = ray.get_runtime_context().get_actor_name() or "unnamed"
         self._metrics = RegistryMetrics(functools.partial(ray_metric, registry=name))
-        self._metrics.set_gauges(self._state)
+        self._metrics.set_gauges(self._state, self._index)
+        # Records the live gauges again and again (registry_metrics.REFRESH_S): Ray's agent drops a gauge series
+        # its process stopped recording, which is how a reclaimed version's series leaves; a live one must stay.
+        threading.Thread(target=self._refresh_metrics, name="registry-metrics", daemon=True).start()
         young, middle, _ = gc.get_threshold()
         gc.set_threshold(young, middle, self.FULL_COLLECTION_AFTER)
         gc.freeze()
@@ -430,8 +444,14 @@ class RegistryActor(RegistryCore):
         """RegistryCore.submit_batch, observed by the metrics (registry_metrics.py) once it answered."""
         before, started = self._state, time.perf_counter()
         answers = super().submit_batch(key, events)
-        self._metrics.observe(before, self._state, tuple(events), answers, time.perf_counter() - started)
+        self._metrics.observe(before, self._state, tuple(events), answers, time.perf_counter() - started,
+                              self._index)
         return answers
+
+    def _refresh_metrics(self) -> None:
+        while True:
+            time.sleep(REFRESH_S)
+            self._metrics.refresh()
 
     def _after_checkpoint(self) -> None:
         gc.freeze()
@@ -557,12 +577,12 @@ class RayRegistry:
         digest: str = await self._call(lambda: self.handle.state_digest.remote())
         return digest
 
-    async def publication_view(self) -> PublicationView:
-        view: PublicationView = await self._call(lambda: self.handle.publication_view.remote())
+    async def publication_view(self, all_versions: bool = False) -> PublicationView:
+        view: PublicationView = await self._call(lambda: self.handle.publication_view.remote(all_versions))
         return view
 
-    async def operations_view(self) -> OperationsView:
-        view: OperationsView = await self._call(lambda: self.handle.operations_view.remote())
+    async def operations_view(self, all_versions: bool = False) -> OperationsView:
+        view: OperationsView = await self._call(lambda: self.handle.operations_view.remote(all_versions))
         return view
 
     async def key_ids(self) -> tuple[str, ...]:

@@ -5,25 +5,35 @@ Every series carries a `registry` label, the actor's name. Everything is derived
 registry: the state before and after it, its events and answers. Labels are bounded: a version id, a state,
 an outcome, a reason (enums of the table), never a session or request id. A retried key answered from the
 journal counts nothing again.
+
+Gauges are bounded too (issue 48): `session_refs` has a series only for versions that hold a slot. Ray 2.60's
+metrics agent evicts a gauge series that its process has not recorded for two export intervals (20 s by
+default), and keeps one that it keeps recording: so the live gauges are recorded again every `REFRESH_S`
+(`refresh`, from a thread of the actor's process), and a version that freed its slot is set to 0 once and then
+never recorded again: its series leaves the endpoint. Gauges are read from the registry's `ViewIndex`, never by
+walking every version or session.
 """
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from versioned_lora.lifecycle import RegistryEvent, RegistryState, Rejected, VersionState
 from versioned_lora.runtime.interfaces import RegistryAnswer
-from versioned_lora.spec.events import BeginClose, BindFirst, ClaimReclaim, CloseAndRelease, OpenSession, Reserve
-from versioned_lora.spec.model import OCCUPYING_STATES, occupied_slots, session_refs
-from versioned_lora.spec.states import PSEUDO_STATES, Machine, SessionState
+from versioned_lora.runtime.views import ViewIndex
+from versioned_lora.spec.events import BindFirst, ClaimReclaim, CloseAndRelease, Reserve
+from versioned_lora.spec.model import session_refs
+from versioned_lora.spec.states import PSEUDO_STATES, Machine
 
 PREFIX = "versioned_lora_registry"
 CALL_SECONDS_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5)
 STORED_VERSION_STATES = tuple(s for s in VersionState if s not in PSEUDO_STATES[Machine.VERSION])
-OPEN_SESSION_STATES = frozenset({SessionState.OPEN, SessionState.BOUND, SessionState.FINALIZING})
-SESSION_EVENTS = (OpenSession, BindFirst, BeginClose, CloseAndRelease)
+# Seconds between two recordings of the live gauges: under half Ray's default export interval (10 s), so a
+# live series is recorded in every export and never ages out of the agent (its TTL: two export intervals).
+REFRESH_S = 4.0
 # A version entering one of these states ends (or settles) a publication or a reclaim: that outcome is counted.
 PUBLICATION_OUTCOMES = {VersionState.PUBLISHED: "committed", VersionState.ABORTED: "aborted",
                         VersionState.FAILED_CLEAN: "failed_clean"}
@@ -63,17 +73,35 @@ def ray_metric(name: str, registry: str) -> Any:
     return metric
 
 
+GaugeKey = tuple[str, tuple[tuple[str, str], ...]]  # (suffix, tags)
+
+
 class RegistryMetrics:
     def __init__(self, make: Callable[[str], Any]) -> None:
         self._m = {name: make(name) for name in METRICS}
-        self._open_sessions: int | None = None  # counted once (start, recovery), then moved by each call's sessions
-        self._ref_versions: set[str] = set()  # versions with a session_refs series, set to 0 once they free a slot
+        # Every live gauge series and its value: what `refresh` records again. A series not in here is not
+        # recorded, and Ray's agent drops it.
+        self._gauges: dict[GaugeKey, float] = {}
+        self._lock = threading.Lock()  # `refresh` runs on a thread of its own
 
     def _metric(self, suffix: str) -> Any:
         return self._m[f"{PREFIX}_{suffix}"]
 
+    def _record(self, values: dict[GaugeKey, float]) -> None:
+        for (suffix, tags), value in values.items():
+            if tags:
+                self._metric(suffix).set(value, tags=dict(tags))
+            else:
+                self._metric(suffix).set(value)
+
+    def refresh(self) -> None:
+        """Record every live gauge again (`REFRESH_S`), so none ages out of Ray's agent while it is live."""
+        with self._lock:
+            values = dict(self._gauges)
+        self._record(values)
+
     def observe(self, before: RegistryState, after: RegistryState, events: Sequence[RegistryEvent],
-                answers: Sequence[RegistryAnswer], seconds: float) -> None:
+                answers: Sequence[RegistryAnswer], seconds: float, index: ViewIndex) -> None:
         self._metric("call_seconds").observe(seconds)
         # One increment per label set and call, not per event: a call carries up to 256 binds.
         counts: Counter[tuple[str, tuple[tuple[str, str], ...]]] = Counter()
@@ -88,36 +116,26 @@ class RegistryMetrics:
             else:
                 self._metric(suffix).inc(count)
         if after is not before:
-            self._move_open_sessions(before, after, events)
-            self.set_gauges(after)
+            self.set_gauges(after, index)
 
-    def set_gauges(self, state: RegistryState) -> None:
+    def set_gauges(self, state: RegistryState, index: ViewIndex) -> None:
+        """Every gauge from `index` (kept by the registry as its state changes): O(live versions), whatever the
+        sessions and the versions that ended. A version that freed its slot since the last call reads 0 once."""
         counts = dict.fromkeys(STORED_VERSION_STATES, 0)
-        for version in state.versions.values():
+        counts.update(index.ended_by_state)
+        live = [state.versions[key] for key in index.live]
+        for version in live:
             counts[version.state] += 1
-        for version_state, count in counts.items():
-            self._metric("versions").set(count, tags={"state": str(version_state)})
-        self._metric("capacity_used_slots").set(occupied_slots(state))
-        self._metric("capacity_slots").set(state.config.capacity)
-        holding = {v.key.version_id: session_refs(state, v.key) for v in state.versions.values()
-                   if v.state in OCCUPYING_STATES}
-        for version_id in self._ref_versions - holding.keys():
-            self._metric("session_refs").set(0, tags={"version": version_id})
-        for version_id, refs in holding.items():
-            self._metric("session_refs").set(refs, tags={"version": version_id})
-        self._ref_versions = set(holding)
-        if self._open_sessions is None:  # walks every session record: once, not per call (10^5 sessions: ~30 ms)
-            self._open_sessions = sum(1 for s in state.sessions.values() if s.state in OPEN_SESSION_STATES)
-        self._metric("open_sessions").set(self._open_sessions)
-
-    def _move_open_sessions(self, before: RegistryState, after: RegistryState,
-                            events: Sequence[RegistryEvent]) -> None:
-        if self._open_sessions is None or after.sessions is before.sessions:
-            return
-        for key in {event.session for event in events if isinstance(event, SESSION_EVENTS)}:
-            was, now = before.sessions.get(key), after.sessions.get(key)
-            self._open_sessions += ((now is not None and now.state in OPEN_SESSION_STATES)
-                                    - (was is not None and was.state in OPEN_SESSION_STATES))
+        values: dict[GaugeKey, float] = {("versions", (("state", str(s)),)): n for s, n in counts.items()}
+        values["capacity_used_slots", ()] = len(live)  # every live version holds one slot
+        values["capacity_slots", ()] = state.config.capacity
+        values["open_sessions", ()] = index.open_sessions
+        for version in live:
+            values["session_refs", (("version", version.key.version_id),)] = session_refs(state, version.key)
+        with self._lock:
+            freed = {key: 0.0 for key in self._gauges if key not in values}  # recorded once more, then no more
+            self._gauges = values
+        self._record({**freed, **values})
 
     @staticmethod
     def _count_result(event: RegistryEvent, answer: RegistryAnswer, counts: Counter[Any]) -> None:

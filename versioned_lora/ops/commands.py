@@ -117,11 +117,11 @@ def status(args: argparse.Namespace) -> int:
         console = Console()
         try:
             if args.json:
-                rows = await gather_status(registry, clients)
+                rows = await gather_status(registry, clients, args.all)
                 print(json.dumps(rows, indent=2, sort_keys=True))
                 return int(Exit.OK)
             if not args.watch:
-                console.print(render_status(await gather_status(registry, clients)))
+                console.print(render_status(await gather_status(registry, clients, args.all)))
                 return int(Exit.OK)
             # Ctrl-C ends the watch between two refreshes, through the event loop (not a KeyboardInterrupt raised
             # wherever the main thread happens to be: inside a Ray call, it once left the process hanging).
@@ -135,15 +135,15 @@ def status(args: argparse.Namespace) -> int:
             if not console.is_terminal:  # a pipe or a file: one full table per refresh, each under its time
                 while not stopped.is_set():
                     console.print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
-                    console.print(render_status(await gather_status(registry, clients)))
+                    console.print(render_status(await gather_status(registry, clients, args.all)))
                     sys.stdout.flush()
                     await pause()
                 return int(Exit.OK)
-            with Live(render_status(await gather_status(registry, clients)), console=console,
+            with Live(render_status(await gather_status(registry, clients, args.all)), console=console,
                       auto_refresh=False) as live:
                 while not stopped.is_set():
                     await pause()
-                    live.update(render_status(await gather_status(registry, clients)), refresh=True)
+                    live.update(render_status(await gather_status(registry, clients, args.all)), refresh=True)
             return int(Exit.OK)
         except KeyboardInterrupt:
             return int(Exit.OK)
@@ -460,6 +460,8 @@ def add_commands(sub: Any) -> None:
     add_connection_arguments(p, token=False)
     p.add_argument("--json", action="store_true", help="the rows as JSON (for scripts)")
     p.add_argument("--watch", action="store_true", help="refresh until Ctrl-C")
+    p.add_argument("--all", action="store_true", help="every version of the epoch and every adapter each engine "
+                   "reports (default: live versions, the last few ended ones, and what they name on the engines)")
     p.add_argument("--interval", type=float, default=2.0, help="seconds between refreshes with --watch")
     p.set_defaults(func=status)
 

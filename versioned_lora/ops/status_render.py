@@ -33,7 +33,9 @@ def versions_table(rows: Mapping[str, Any]) -> Table:
              f"{default['version_id'] if default else '-'} (revision {registry['default_revision']})  "
              f"capacity {capacity['used']}/{capacity['total']}  open sessions {registry['open_sessions']}  "
              f"publisher lease {held}")
-    table = Table(title=title, title_justify="left")
+    left_out = registry.get("versions_left_out", 0)
+    caption = f"{left_out} older ended version(s) not shown (status --all)" if left_out else None
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
     for column in ("version", "state", "digest", "refs", "attempt", *registry["engines"]):
         table.add_column(column)
     for v in rows["versions"]:
@@ -60,7 +62,10 @@ def reclaims_table(rows: Mapping[str, Any]) -> Table | None:
 
 
 def engines_table(rows: Mapping[str, Any]) -> Table:
-    table = Table(title="engines", title_justify="left")
+    left_out = sum(e.get("adapters_left_out", 0) for e in rows["engines"])
+    table = Table(title="engines", title_justify="left", caption_justify="left",
+                  caption=f"{left_out} unloaded adapter(s) of older versions not shown (status --all)" if left_out
+                  else None)
     for column in ("engine", "incarnation", "adapter", "lora_id", "pinned", "native refs", "managed state"):
         table.add_column(column)
     for e in rows["engines"]:

@@ -6,6 +6,10 @@ status` prints them (a rich table, or `--json`), and the demo's live view reads 
 
 `blocking` lists what stops the next publication (or a reclaim) from going through, each with the command
 that settles it; docs/runbook.md says what each kind means.
+
+Bounded (issue 48): the registry's views hold every live version and the last few ended ones, and each
+engine's rows hold the adapters that hold a slot or name a version shown; `--all` shows everything. So a long
+run's status costs the same at step 1,000 as at step 10.
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ from versioned_lora.spec.model import SLOT_HOLDING_ADAPTER_STATES
 from versioned_lora.spec.states import PlacementState, VersionState
 
 DIGEST_PREFIX = 12  # as in the managed name (spec/identities.py)
+# What a RECLAIMED version's placements read: the registry keeps the placement it staged (its attempt and
+# incarnation stay useful to an operator), but every engine confirmed the unload before the version got there.
+RECLAIMED_PLACEMENT = "UNLOADED"
 
 
 class BlockingKind:
@@ -59,21 +66,33 @@ def _version_row(version: VersionView, default: Any, confirmed: Sequence[str]) -
         "attempt_token": version.attempt_token,
         "reclaim_id": version.reclaim_id,
         "reclaim_confirmed": list(confirmed),
-        "placements": {engine: {"state": str(p.state), "incarnation": p.incarnation, "attempt_token": p.attempt_token}
+        "placements": {engine: {"state": (RECLAIMED_PLACEMENT if version.state is VersionState.RECLAIMED
+                                          else str(p.state)),
+                                "incarnation": p.incarnation, "attempt_token": p.attempt_token}
                        for engine, p in sorted(version.placements.items())},
     }
 
 
-def _engine_row(reading: EngineReading, registry_incarnation: int | None) -> dict[str, Any]:
+def _engine_row(reading: EngineReading, registry_incarnation: int | None,
+                shown: frozenset[str] | None = None) -> dict[str, Any]:
+    """`shown`: the managed names of the versions the registry's view holds; an adapter that holds no slot on the
+    engine (UNLOADED, CLEANED, ABSENT) and names none of them is left out (counted in `adapters_left_out`).
+    None: every adapter."""
     status = reading.status
     if status is None:
         return {"name": reading.name, "url": reading.url, "reachable": False, "error": reading.error,
-                "incarnation": None, "registry_incarnation": registry_incarnation, "pid": None, "adapters": []}
+                "incarnation": None, "registry_incarnation": registry_incarnation, "pid": None, "adapters": [],
+                "adapters_left_out": 0}
     managed = {a["name"]: a for a in status.get("managed", [])}
     native = {a["name"]: a for a in status.get("adapters", [])}
     adapters = []
+    left_out = 0
     for name in sorted(native.keys() | managed.keys()):
         stock, mine = native.get(name), managed.get(name)
+        if (shown is not None and stock is None and mine is not None and name not in shown
+                and mine["state"] not in SLOT_HOLDING_ADAPTER_STATES):
+            left_out += 1
+            continue
         adapters.append({
             "name": name,
             "lora_id": stock["lora_id"] if stock else (mine or {}).get("lora_id"),
@@ -83,7 +102,7 @@ def _engine_row(reading: EngineReading, registry_incarnation: int | None) -> dic
         })
     return {"name": reading.name, "url": reading.url, "reachable": True, "error": None,
             "incarnation": status.get("incarnation"), "registry_incarnation": registry_incarnation,
-            "pid": status.get("pid"), "adapters": adapters}
+            "pid": status.get("pid"), "adapters": adapters, "adapters_left_out": left_out}
 
 
 def _blocking(view: PublicationView, ops: OperationsView, engines: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -135,12 +154,15 @@ def _blocking(view: PublicationView, ops: OperationsView, engines: Sequence[dict
     return found
 
 
-def status_rows(view: PublicationView, ops: OperationsView, readings: Sequence[EngineReading]) -> dict[str, Any]:
-    """Every row `versioned-lora status` shows, as plain JSON-able values."""
+def status_rows(view: PublicationView, ops: OperationsView, readings: Sequence[EngineReading],
+                all_versions: bool = False) -> dict[str, Any]:
+    """Every row `versioned-lora status` shows, as plain JSON-able values. Unless `all_versions`, an engine's
+    adapters that hold no slot are shown only for the versions `view` holds."""
     default = view.versions.get(view.default) if view.default is not None else None
     versions = [_version_row(v, view.default, ops.reclaim_confirmed.get(k, ()))
                 for k, v in sorted(view.versions.items())]
-    engines = [_engine_row(r, view.incarnations.get(r.name)) for r in readings]
+    shown = None if all_versions else frozenset(v.lora_name for v in view.versions.values())
+    engines = [_engine_row(r, view.incarnations.get(r.name), shown) for r in readings]
     reclaims = [
         {"version_id": v["version_id"], "reclaim_id": v["reclaim_id"], "state": v["state"],
          "engines": {e: {"confirmed": e in v["reclaim_confirmed"],
@@ -155,6 +177,8 @@ def status_rows(view: PublicationView, ops: OperationsView, readings: Sequence[E
             "default_revision": view.default_revision,
             "capacity": {"used": ops.occupied, "total": ops.capacity},
             "open_sessions": ops.open_sessions,
+            # Ended versions (RECLAIMED, FAILED_CLEAN) left out of `versions`: `status --all` lists them.
+            "versions_left_out": view.ended_left_out,
             "engines": list(view.engines),
             "incarnations": dict(sorted(view.incarnations.items())),
             # Who may publish now: a publication by anyone else is refused (LEASE_HELD) until the holder
@@ -183,12 +207,13 @@ async def read_engine(name: str, client: SGLangClient) -> EngineReading:
         return EngineReading(name, client.base_url, None, f"{type(exc).__name__}: {exc}"[:300])
 
 
-async def gather_status(registry: Any, clients: Mapping[str, SGLangClient]) -> dict[str, Any]:
+async def gather_status(registry: Any, clients: Mapping[str, SGLangClient],
+                        all_versions: bool = False) -> dict[str, Any]:
     """Read the registry (`publication_view`, `operations_view`) and every engine, and build the rows."""
-    view = await registry.publication_view()
-    ops = await registry.operations_view()
+    view = await registry.publication_view(all_versions)
+    ops = await registry.operations_view(all_versions)
     readings = [await read_engine(name, client) for name, client in clients.items()]
-    return status_rows(view, ops, readings)
+    return status_rows(view, ops, readings, all_versions)
 
 
 def held_per_engine(rows: Mapping[str, Any]) -> tuple[int, ...]:

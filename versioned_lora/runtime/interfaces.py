@@ -100,9 +100,10 @@ class RegistryPort(Protocol):
         any process)."""
         ...
 
-    async def publication_view(self) -> PublicationView:
-        """Read-only: default, revision, engine incarnations and every version with its placements
-        (no sessions) — what the Publisher, the Reclaimer and routing need to decide."""
+    async def publication_view(self, all_versions: bool = False) -> PublicationView:
+        """Read-only: default, revision, engine incarnations and every live version with its placements, and
+        the last few ended ones (`all_versions`: every version) — no sessions — what the Publisher, the
+        Reclaimer and routing need to decide."""
         ...
 
     async def key_ids(self) -> tuple[str, ...]:

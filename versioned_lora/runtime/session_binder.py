@@ -197,8 +197,8 @@ class _PortOf:
     async def state_digest(self) -> str:
         return await self._binder._registry.state_digest()
 
-    async def publication_view(self) -> PublicationView:
-        return await self._binder._registry.publication_view()
+    async def publication_view(self, all_versions: bool = False) -> PublicationView:
+        return await self._binder._registry.publication_view(all_versions)
 
     async def key_ids(self) -> tuple[str, ...]:
         return await self._binder._registry.key_ids()
