@@ -31,7 +31,7 @@ from versioned_lora.lifecycle import Reserve
 from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.runtime.session_binder import NoPublishedVersion
 from versioned_lora.spec.states import VersionState
-from versioned_lora.spec.wire import PROTOCOL_MISMATCH, PROTOCOL_VERSION
+from versioned_lora.spec.wire import PROTOCOL_MISMATCH, PROTOCOL_VERSION, SOURCE_ROOT_ENV
 
 LOGPROB_TOLERANCE = 0.02  # fixed before the run (see the module docstring)
 TOOL_TOKENS = [401, 402, 403]
@@ -57,7 +57,7 @@ async def assert_match_clean_baselines(fixtures, log_dir: Path, served: list[Ser
     versions = sorted({s.version for s in served})
     configs = [
         EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(), log_path=log_dir / f"baseline-{v}.log",
-                     extra_args=TEST_ENGINE_ARGS, env=engine_env())
+                     extra_args=TEST_ENGINE_ARGS, env=engine_env(**{SOURCE_ROOT_ENV: str(fixtures.root)}))
         for v in versions
     ]  # fmt: skip
     processes = await asyncio.to_thread(start_all, configs)
