@@ -136,6 +136,11 @@ class EnginePair:
         return iter((self.e0, self.e1))
 
 
+# The largest registry capacity K any test needs (tests/e2e/test_window.py: K = 3): the session's engines start
+# with K + 1 loaded-adapter slots, and each test's registry capacity (2 unless it says) gates what is held.
+SHARED_ENGINE_CAPACITY = 3
+
+
 @pytest.fixture(scope="session")
 def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePair]:
     log_dir = Path(os.environ.get("VERSIONED_LORA_ENGINE_LOGS", tmp_path_factory.mktemp("engine-logs")))
@@ -145,6 +150,7 @@ def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Ite
             port=free_port_block(),
             log_path=log_dir / f"E{i}.log",
             extra_args=TEST_ENGINE_ARGS,
+            capacity=SHARED_ENGINE_CAPACITY,
             # Disk-sourced begins read the fixture cache and the tests' own temporary directories.
             # Hold points inside the engine's calls (managed/hold_points.py), for the kill tests.
             # (SGLANG_REQUEST_STATE_WAIT_TIMEOUT=1, tried so that a client disconnect is noticed sooner, made the

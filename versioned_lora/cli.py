@@ -6,7 +6,7 @@
   ``versioned_lora.capability.key`` beside the log, created 0600 if absent (engines started with logs in one
   directory share it; give its path to the registry actor).
 - ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
-  (``tiny``, the default, or ``qwen3-0.6b-shape``).
+  (``tiny``, the default, ``qwen3-0.6b-shape`` or ``tiny-real-logits``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
 - ``versioned-lora status | publish | reclaim | resolve | diagram``: operating a running deployment
   (``versioned_lora/ops/commands.py``).
@@ -106,6 +106,7 @@ def _engine(args: argparse.Namespace) -> int:
             log_path=log_path,
             env=env,
             extra_args=("--enable-metrics",) if args.enable_metrics else (),
+            capacity=args.capacity,
         )
     )
     # SIGTERM while starting: leave through an exception, so `start` stops the half-started server.
@@ -163,6 +164,8 @@ def main(argv: list[str] | None = None) -> int:
                         "token goes beside it, in <log>.token")
     engine.add_argument("--capability-key-file", help="the registry's capability key file (default: "
                         f"${capabilities.KEY_FILE_ENV}, else {CAPABILITY_KEY_NAME} beside the log, created if absent)")
+    engine.add_argument("--capacity", type=int, default=2, metavar="K", help="the registry capacity K this engine "
+                        "serves (default 2): it starts with K + 1 loaded-adapter slots, K for managed versions")
     engine.add_argument("--source-root", action="append", metavar="DIR",
                         help="a directory tree a disk-sourced begin may read (repeatable; default: "
                         f"${SOURCE_ROOT_ENV}; with neither, disk-sourced begins are refused)")
@@ -171,8 +174,8 @@ def main(argv: list[str] | None = None) -> int:
     engine.set_defaults(func=_engine)
 
     fixtures = sub.add_parser("fixtures", help="build a fixture Qwen3 and its adapters A, B, C")
-    fixtures.add_argument("--fixture", default="tiny", help="tiny (default) or qwen3-0.6b-shape (Qwen3-0.6B "
-                          "dimensions; r=64, 7 linear modules)")
+    fixtures.add_argument("--fixture", default="tiny", help="tiny (default), qwen3-0.6b-shape (Qwen3-0.6B "
+                          "dimensions; r=64, 7 linear modules) or tiny-real-logits (top logits 20-30)")
     fixtures.set_defaults(func=_fixtures)
 
     demo = sub.add_parser("demo", help="the end-to-end demo on two local CPU engines")

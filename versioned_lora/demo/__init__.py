@@ -22,6 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--capability-key-file", help="the capability key file the attached engines were started "
                         "with (the registry actor reads it; docs/integration.md, 'Capabilities')")
     parser.add_argument("--no-live", action="store_true", help="no live view (logs one line per step instead)")
+    parser.add_argument("--capacity", type=int, default=2, metavar="K",
+                        help="the registry's capacity K, the window of versions held (default 2); started engines get "
+                        "K + 1 loaded-adapter slots, attached ones (--engines) must have been started with at least "
+                        "that many (versioned-lora engine --capacity K)")
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -53,7 +53,8 @@ def run_demo(args: argparse.Namespace) -> int:
             key_file = write_key_file(out_dir / "capability.key")
             with console.status("starting two SGLang CPU engines with the fixture (a minute or two)..."):
                 began = time.monotonic()
-                engines = start_engines(fixtures, out_dir, token, capability_key_file=key_file)
+                engines = start_engines(fixtures, out_dir, token, capability_key_file=key_file,
+                                        capacity=getattr(args, "capacity", 2))
             console.print(f"engines up in {time.monotonic() - began:.0f}s: {', '.join(e.url for e in engines)}")
             urls = [e.url for e in engines]
         return asyncio.run(_run(args, console, out_dir, urls, token, fixtures, attached=not engines,
@@ -69,7 +70,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 async def _run(args: argparse.Namespace, console: Console, out_dir: Path, urls: list[str], token: str | None,
                fixtures: Any, attached: bool, key_file: Path | None = None) -> int:
-    stack = Stack(urls, token, out_dir, fixtures, capability_key_file=key_file)
+    stack = Stack(urls, token, out_dir, fixtures, capability_key_file=key_file, capacity=getattr(args, "capacity", 2))
     shape = TrafficShape(concurrency=args.concurrency, turns=args.turns)
     demo = DemoRun(stack, args.duration, shape)
     console.print(f"epoch {stack.epoch}; traffic: {shape.concurrency} closed-loop agentic sessions, {shape.turns} "
