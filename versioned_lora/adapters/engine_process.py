@@ -26,7 +26,6 @@ from versioned_lora.lifecycle.core import DEFAULT_CAPACITY
 from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV, PATCHES_ENV, STATUS_PATH
 
 
-
 def loaded_adapter_slots(capacity: int) -> int:
     """The loaded-adapter slots of an engine serving a registry of capacity K: K pinned managed versions plus one
     slot for the stock path (the engine refuses a `begin` NO_FREE_SLOT once K are staged or ready). The one knob
