@@ -68,7 +68,8 @@ async def _main(args: argparse.Namespace) -> int:
     spec = LaunchSpec(model_dir=model_dir, token=token or "", log_dir=args.out / "engine-logs", key_file=key_file,
                       gpu=args.gpu,
                       max_lora_rank=args.max_lora_rank,
-                      lora_target_modules=tuple(args.lora_target_modules.split(",")))  # fmt: skip
+                      lora_target_modules=tuple(args.lora_target_modules.split(",")),
+                      source_roots=tuple(sorted({d.resolve().parent for d in adapter_dirs.values()})))  # fmt: skip
     launched = []
     try:
         if args.launch:

@@ -7,6 +7,7 @@ NCCL), the managed disk source (begin with ``source_path``, then end). Nothing h
 from __future__ import annotations
 
 import asyncio
+import os
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
@@ -19,6 +20,7 @@ from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, 
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
+from versioned_lora.spec.wire import SOURCE_ROOT_ENV
 
 # The managed endpoints read their shared secret from this variable (spec/wire.TOKEN_ENV);
 # spelled out here so the harness does not import SGLang just to name it.
@@ -165,13 +167,18 @@ class LaunchSpec:
     gpu: bool = False
     max_lora_rank: int = 8
     lora_target_modules: tuple[str, ...] = ("q_proj", "v_proj")
+    # The trees the engines' disk-sourced begins may read (the adapters' directories): an engine is given its
+    # source root explicitly, it has no default (issue 46).
+    source_roots: tuple[Path, ...] = ()
 
     def config(self, label: str) -> EngineConfig:
         patches = ("introspection", "managed") if self.gpu else ("cpu", "introspection", "managed")
         return EngineConfig(
             model_dir=self.model_dir, port=free_port_block(), max_lora_rank=self.max_lora_rank,
             lora_target_modules=self.lora_target_modules, patches=patches, cpu=not self.gpu,
-            log_path=self.log_dir / f"{label}.log", env={TOKEN_ENV: self.token, KEY_FILE_ENV: str(self.key_file)},
+            log_path=self.log_dir / f"{label}.log",
+            env={TOKEN_ENV: self.token, KEY_FILE_ENV: str(self.key_file),
+                 SOURCE_ROOT_ENV: os.pathsep.join(map(str, self.source_roots))},
         )  # fmt: skip
 
 

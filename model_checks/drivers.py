@@ -322,7 +322,8 @@ def engine_index(engine: str) -> int:
     """Engine E<i>'s index in a world's engines."""
     return int(engine[1:])
 A, B, C = VersionKey(0, "A"), VersionKey(0, "B"), VersionKey(0, "C")
-DIGESTS = {A: "a" * 64, B: "b" * 64, C: "c" * 64}
+D = VersionKey(0, "D")  # only at K = 3 (WINDOW_BOUNDS): the version refused once A, B and C hold the window
+DIGESTS = {A: "a" * 64, B: "b" * 64, C: "c" * 64, D: "d" * 64}
 # The phases that wait for a call without a deadline, on purpose: the commit whose outcome was reported
 # unknown is retried under the same key until it is answered (RFC §3.4).
 # (machine, phase) pairs that wait for a call with no timer of their own, on purpose (a phase name alone would let one
@@ -414,6 +415,7 @@ class Budget:
     releases: int = 0
     engines: int = 2
     breaks: int = 0  # a call answered by a refusal no party here gives (`_breakable`; BROKEN_PORT_BOUNDS)
+    capacity: int = 2  # the registry's K, which no step changes (WINDOW_BOUNDS: K = 3)
 
 
 @attrs.frozen(cache_hash=True)
@@ -454,12 +456,12 @@ class Receipt:
 
 
 class _Setup:
-    def __init__(self, *, leased: bool = False, epoch: int = 0, engines: int = 2) -> None:
+    def __init__(self, *, leased: bool = False, epoch: int = 0, engines: int = 2, capacity: int = 2) -> None:
         """`leased`: the registry requires the publisher lease (as a deployment's does), HOLDER holds it under fence 1,
         and every Reserve and Commit here carries that fence. `epoch`: the registry's deployment epoch (the
         scenarios' versions and sessions are of epoch 0)."""
         self.names = tuple(f"E{i}" for i in range(engines))
-        self.reg = initial_state(engines=self.names, capacity=2, epoch=epoch,
+        self.reg = initial_state(engines=self.names, capacity=capacity, epoch=epoch,
                                  incarnations={e: 1 for e in self.names}, publisher_lease=leased)
         self.engs = [initial_engine_state(e, 1) for e in self.names]
         self.tokens: dict[VersionKey, tuple[str, str]] = {}
@@ -505,6 +507,18 @@ class _Setup:
             self.reg_step(RecordCleaned(v, token, e))
 
 
+def _fill_window(s: _Setup, capacity: int) -> VersionKey:
+    """With A the default: publish versions until the registry holds `capacity` (B; at K = 3, then C), each the new
+    default; returns the next one, which the full window refuses at reserve."""
+    window = (A, B, C, D)
+    if not 2 <= capacity < len(window):
+        raise ValueError(f"the scenarios fill windows of 2 or 3 versions, not {capacity}")
+    for v in window[1:capacity]:
+        s.stage(v)
+        s.commit(v)
+    return window[capacity]
+
+
 def _world(setup: _Setup, driver: Any, budget: Budget, requests: tuple[tuple[int, str], ...] = ()) -> World:
     return World(setup.reg, Map(), tuple(setup.engs), driver, (), frozenset(), (), budget, requests)
 
@@ -513,7 +527,7 @@ BUCKETS = 2  # the stage scenarios' bucket count: the barrier between bucket 0 a
 
 
 def scenario(name: str, budget: Budget) -> World:
-    s = _Setup(engines=budget.engines)
+    s = _Setup(engines=budget.engines, capacity=budget.capacity)
     s.stage(A)
     if name == "commit_bootstrap":  # a deployment's first publication: A READY everywhere, no default yet
         return _world(s, settle(A, s.tokens[A][1], commit=True), budget)
@@ -539,15 +553,16 @@ def scenario(name: str, budget: Budget) -> World:
     if name == "reserve_conflict":  # A again with other content: refused (VERSION_CONFLICT), nothing taken
         return _world(s, publication(A, DIGESTS[B], lora_name(A, DIGESTS[B]), BUCKETS, "reserve:A-other"), budget)
     if name == "reserve_at_capacity":  # B the default and A retired, both loaded on engines of capacity 2: C is
-        s.stage(B)  # refused at reserve (RFC §7.1: no begin reaches an engine)
-        s.commit(B)
-        return _world(s, publication(C, DIGESTS[C], lora_name(C, DIGESTS[C]), BUCKETS, "reserve:C"), budget)
+        refused = _fill_window(s, budget.capacity)  # refused at reserve (RFC §7.1: no begin reaches an engine);
+        # at K = 3, A and B retired and C the default: D is
+        return _world(s, publication(refused, DIGESTS[refused], lora_name(refused, DIGESTS[refused]), BUCKETS,
+                                     f"reserve:{refused.version_id}"), budget)
     if name == "reserve_while_pending":  # B's attempt still pending (a crashed publisher's): C is refused at reserve
         s.reg_step(Reserve(B, DIGESTS[B]))
         return _world(s, publication(C, DIGESTS[C], lora_name(C, DIGESTS[C]), BUCKETS, "reserve:C"), budget)
     if name in ("reserve_no_lease", "commit_no_lease"):  # a deployment's registry: our publisher holds the lease
         # (fence 1) while an operator's take-over of it flies, landing before or after ours
-        s = _Setup(leased=True, engines=budget.engines)
+        s = _Setup(leased=True, engines=budget.engines, capacity=budget.capacity)
         s.stage(A)
         s.commit(A)
         take_over = ("req", Submit(Call("take_over", STALE), TakeOverLease(RIVAL, s.fence, 10.0), "take_over:other"))
@@ -639,7 +654,7 @@ SESSION_SCENARIOS = {
 
 
 def _session_world(name: str, budget: Budget) -> World:
-    s = _Setup(engines=budget.engines)
+    s = _Setup(engines=budget.engines, capacity=budget.capacity)
     if name != "session_unpublished":
         s.stage(A)
         s.commit(A)
@@ -667,7 +682,7 @@ SUPERVISE_SCENARIOS = (
 
 
 def _supervise_world(name: str, budget: Budget) -> World:
-    s = _Setup(engines=budget.engines)
+    s = _Setup(engines=budget.engines, capacity=budget.capacity)
     if name != "supervise_own":
         s.stage(A)
         s.commit(A)
@@ -712,7 +727,7 @@ RIVAL = "rival-publisher"
 
 
 def _recover_world(name: str, budget: Budget) -> World:
-    s = _Setup(engines=budget.engines)
+    s = _Setup(engines=budget.engines, capacity=budget.capacity)
     s.stage(A)
     s.commit(A)
     if name != "recover_none":
@@ -736,7 +751,7 @@ THIRD = "third-publisher"
 
 
 def _lease_world(name: str, budget: Budget) -> World:
-    s = _Setup(engines=budget.engines)
+    s = _Setup(engines=budget.engines, capacity=budget.capacity)
     s.stage(A)
     s.commit(A)
     others: list[tuple[str, Any]] = [("expire", ExpireLease(1))]
@@ -763,13 +778,12 @@ PUBLISH_SCENARIOS = (
 
 
 def _publish_world(name: str, budget: Budget) -> World:
-    s = _Setup(engines=budget.engines)
+    s = _Setup(engines=budget.engines, capacity=budget.capacity)
     s.stage(A)
     s.commit(A)
-    version = {"publish_replay": A, "publish_at_capacity": C}.get(name, B)
+    version = {"publish_replay": A}.get(name, B)
     if name == "publish_at_capacity":
-        s.stage(B)
-        s.commit(B)
+        version = _fill_window(s, budget.capacity)
     w = _world(s, publish(version, lora_name(version, DIGESTS[version])), budget)
     return attrs.evolve(w, bad_manifests=frozenset({"E1"}) if name == "publish_bad_manifest" else frozenset(),
                         unstored=frozenset({version}) if name == "publish_unstored" else frozenset())
@@ -1934,6 +1948,12 @@ THREE_ENGINE_BOUNDS = (
     Budget(drops=0, dups=0, deadlines=1, cancels=0, engines=3),
     Budget(drops=0, dups=0, deadlines=0, cancels=0, crashes=1, engines=3),
 )
+# A window of K = 3 versions (issue 46): the registry holds three, so a publication at capacity finds A and B
+# retired and C the default, and D is refused at reserve before any begin; a reclaim of A or a publication happens
+# with two other versions held. DRIVER_BOUNDS' first budget, on the scenarios whose worlds change with K (8,248
+# worlds in about 8 s, most of them the reclaim's).
+WINDOW_BOUNDS = (Budget(drops=1, dups=0, deadlines=1, cancels=1, capacity=3),)
+WINDOW_SCENARIOS = ("reserve_at_capacity", "publish_at_capacity", "publish", "reclaim", "reclaim_in_use")
 # One refusal no party here gives (`_breakable`), and a deadline that may fire early (so the refusal may come late):
 # fires the defensive rows of BROKEN_PORT_ROWS.
 BROKEN_PORT_BOUNDS = (Budget(drops=0, dups=0, deadlines=1, cancels=0, breaks=1),)

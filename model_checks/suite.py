@@ -2,7 +2,8 @@
 
 An entry is (module, scenario, budget): `drivers` for a world of one driver (model_checks/drivers.py) on two engines
 (DRIVER_BOUNDS) or three (THREE_ENGINE_BOUNDS), or with one call answered by a refusal no party of these worlds
-gives (BROKEN_PORT_BOUNDS), `crowd` for several drivers in one world (model_checks/crowd.py).
+gives (BROKEN_PORT_BOUNDS), or with a registry of capacity K = 3 (WINDOW_BOUNDS; the report line's `capacities`),
+`crowd` for several drivers in one world (model_checks/crowd.py).
 Either way a world runs the very rows `runtime/driver_loop.py` executes (`lifecycle.drivers`, the table of
 spec/drivers.py) against the real registry and engine tables (`lifecycle.CORE`), over a network that loses,
 duplicates and reorders, with deadlines that fire early, callers that cancel, engines that restart and requests that
@@ -29,6 +30,8 @@ from model_checks.drivers import (
     DRIVER_BOUNDS,
     SCENARIOS,
     THREE_ENGINE_BOUNDS,
+    WINDOW_BOUNDS,
+    WINDOW_SCENARIOS,
     Budget,
     Checked,
     check_entries,
@@ -41,6 +44,7 @@ Entry = tuple[str, str, Budget]
 CHECKER_BOUNDS: tuple[Entry, ...] = (
     *(("drivers", name, budget) for budget in (*DRIVER_BOUNDS, *THREE_ENGINE_BOUNDS, *BROKEN_PORT_BOUNDS)
       for name in SCENARIOS),
+    *(("drivers", name, budget) for budget in WINDOW_BOUNDS for name in WINDOW_SCENARIOS),
     *(("crowd", name, budget) for name, budget in crowd.CHECKS),
 )
 
@@ -72,7 +76,8 @@ def report_line(checked: Sequence[Checked]) -> str:
     slowest = max(checked, key=lambda c: c.result.seconds)
     states = sum(c.result.states for c in checked)
     per_s = states / max(sum(c.result.seconds for c in checked), 1e-9)
-    return (f"checker checks={len(checked)} states={states} "
+    capacities = ",".join(str(k) for k in sorted({c.budget.capacity for c in checked}))
+    return (f"checker checks={len(checked)} states={states} capacities={capacities} "
             f"driver_rows_fired={len(driver)}/{len(DRIVER_ROWS)} core_rows_fired={len(core)}/{len(ROWS)} "
             f"core_rows_by_calls={len(calls)}/{len(ROWS)} rows_fired={len(driver) + len(core)}/"
             f"{len(DRIVER_ROWS) + len(ROWS)} violations={sum(1 for c in checked if c.result.violation)} "

@@ -178,6 +178,11 @@ class EnginePair:
         return iter((self.e0, self.e1))
 
 
+# The largest registry capacity K any test needs (tests/e2e/test_window.py: K = 3): the session's engines start
+# with K + 1 loaded-adapter slots, and each test's registry capacity (2 unless it says) gates what is held.
+SHARED_ENGINE_CAPACITY = 3
+
+
 @pytest.fixture(scope="session")
 def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Iterator[EnginePair]:
     """E0 and E1, with a warm standby (tests/engine_pool.py) that serves every restart of either."""
@@ -186,6 +191,7 @@ def engines(fixtures: Fixtures, tmp_path_factory: pytest.TempPathFactory) -> Ite
         model_dir=fixtures.model_dir,
         port=0,  # each engine's own, below
         extra_args=TEST_ENGINE_ARGS,
+        capacity=SHARED_ENGINE_CAPACITY,
         # Hold points and injected faults inside the engine's calls (the test-only patch set "test_faults",
         # managed/hold_points.py), for the kill and fault tests: loaded by the test flag TEST_PATCHES only.
         patches=TEST_PATCHES,

@@ -6,7 +6,7 @@
   engine is not started (no key is invented: one deployment, one key, which the registry actor reads too).
 - ``versioned-lora keygen PATH``: a new capability key, written 0600 to PATH (never over an existing file).
 - ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
-  (``tiny``, the default, or ``qwen3-0.6b-shape``).
+  (``tiny``, the default, ``qwen3-0.6b-shape`` or ``tiny-real-logits``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
 - ``versioned-lora status | publish | reclaim | resolve | diagram``: operating a running deployment
   (``versioned_lora/ops/commands.py``).
@@ -24,8 +24,7 @@ from pathlib import Path
 
 from versioned_lora import capabilities
 from versioned_lora.adapters.engine_process import DEFAULT_PATCHES, EngineConfig, EngineProcess, default_log_path
-from versioned_lora.fixtures import FIXTURE_NAMES, TINY, build_fixtures
-from versioned_lora.spec.wire import TOKEN_ENV, TOKEN_HEADER
+from versioned_lora.spec.wire import SOURCE_ROOT_ENV, TOKEN_ENV, TOKEN_HEADER
 
 
 def write_token_file(path: Path, token: str) -> Path:
@@ -86,12 +85,25 @@ def _keygen(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fixture_model() -> Path:
+    from versioned_lora.demo.defaults import build_fixtures
+
+    return build_fixtures().model_dir
+
+
+def engine_source_roots(given: list[str] | None) -> dict[str, str]:
+    """The engine's env for `--source-root` (the trees a disk-sourced `begin` may read): none given, the engine
+    inherits $VERSIONED_LORA_SOURCE_ROOT, and with neither it refuses every disk-sourced `begin`."""
+    return {SOURCE_ROOT_ENV: os.pathsep.join(str(Path(root).resolve()) for root in given)} if given else {}
+
+
 def _engine(args: argparse.Namespace) -> int:
     patches = tuple(p for p in args.patches.split(",") if p)
     key_env = engine_capability_key(patches, args.capability_key_file)  # first: without a key nothing is done
-    model_dir = Path(args.model) if args.model else build_fixtures().model_dir
+    model_dir = Path(args.model) if args.model else _fixture_model()
     log_path = Path(args.log) if args.log else default_log_path(args.port)
     env, token_file = engine_token(patches, log_path)
+    env.update(engine_source_roots(args.source_root))
     if token_file is not None:
         print(f"managed-endpoint token written to {token_file} (mode 0600; send it as {TOKEN_HEADER})", flush=True)
     env.update(key_env)
@@ -105,6 +117,7 @@ def _engine(args: argparse.Namespace) -> int:
             log_path=log_path,
             env=env,
             extra_args=("--enable-metrics",) if args.enable_metrics else (),
+            capacity=args.capacity,
         )
     )
     # SIGTERM while starting: leave through an exception, so `start` stops the half-started server.
@@ -128,6 +141,11 @@ def _engine(args: argparse.Namespace) -> int:
 
 
 def _fixtures(args: argparse.Namespace) -> int:
+    from versioned_lora.demo.defaults import FIXTURE_NAMES, build_fixtures
+
+    if args.fixture not in FIXTURE_NAMES:
+        print(f"unknown fixture {args.fixture!r}; known: {', '.join(FIXTURE_NAMES)}", file=sys.stderr)
+        return 2
     fixtures = build_fixtures(fixture=args.fixture)
     print(f"fixture {fixtures.name} (engines: --max-lora-rank {fixtures.lora_rank} "
           f"--lora-target-modules {' '.join(fixtures.target_modules)})")
@@ -158,6 +176,11 @@ def main(argv: list[str] | None = None) -> int:
     engine.add_argument("--capability-key-file", help="the deployment's capability key file, the registry's too "
                         f"(default: ${capabilities.KEY_FILE_ENV}; required with the managed patch set: "
                         "`versioned-lora keygen PATH` makes one)")
+    engine.add_argument("--capacity", type=int, default=2, metavar="K", help="the registry capacity K this engine "
+                        "serves (default 2): it starts with K + 1 loaded-adapter slots, K for managed versions")
+    engine.add_argument("--source-root", action="append", metavar="DIR",
+                        help="a directory tree a disk-sourced begin may read (repeatable; default: "
+                        f"${SOURCE_ROOT_ENV}; with neither, disk-sourced begins are refused)")
     engine.add_argument("--enable-metrics", action="store_true", help="SGLang's Prometheus /metrics, with the "
                         "managed patch's versioned_lora_engine_* series")
     engine.set_defaults(func=_engine)
@@ -167,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
     keygen.set_defaults(func=_keygen)
 
     fixtures = sub.add_parser("fixtures", help="build a fixture Qwen3 and its adapters A, B, C")
-    fixtures.add_argument("--fixture", choices=FIXTURE_NAMES, default=TINY,
-                          help="tiny (default) or qwen3-0.6b-shape (Qwen3-0.6B dimensions; r=64, 7 linear modules)")
+    fixtures.add_argument("--fixture", default="tiny", help="tiny (default), qwen3-0.6b-shape (Qwen3-0.6B "
+                          "dimensions; r=64, 7 linear modules) or tiny-real-logits (top logits 20-30)")
     fixtures.set_defaults(func=_fixtures)
 
     demo = sub.add_parser("demo", help="the end-to-end demo on two local CPU engines")

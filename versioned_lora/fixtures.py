@@ -1,6 +1,8 @@
-"""Deterministic test fixtures: a random Qwen3 and PEFT LoRA adapters A, B, C, in two sizes.
+"""Deterministic test fixtures: a random Qwen3 and PEFT LoRA adapters A, B, C, in two sizes and one variant.
 
 - ``tiny`` (the default everywhere): vocab 512, hidden 128, 2 layers; r=8 on q_proj/v_proj.
+- ``tiny-real-logits``: the tiny model with a trained model's logit magnitudes (top logits 20-30, near-ties at
+  the top; REAL_LOGITS_HEAD), and its own adapters A, B, C.
 - ``qwen3-0.6b-shape``: the real Qwen3-0.6B dimensions (hidden 1024, 28 layers, 16 query and 8 KV heads
   of 128, MLP 3072, vocab 151,936, tied embeddings) with random weights; r=64 on all seven linear
   modules (392 tensors, about 80 MB per adapter): the size users publish.
@@ -289,9 +291,48 @@ def full_lora_adapter(name: str, model_dir: Path, root: Path | None = None) -> P
     return _materialise(target, build)
 
 
+# ---- tiny-real-logits: the tiny Qwen3 with a trained model's logit magnitudes (issue 46, item 3).
+#
+# Every other fixture keeps its logits small on purpose (top logits below 2, where a bf16 step is 2^-7 or less). A
+# trained model's top logits sit at 20-30, where one bf16 step is 0.125, and its top is often a near-tie of a few
+# tokens. This variant is the tiny model (same config, same seed, same layers) with another lm_head: the vocabulary
+# in groups of `group` tokens whose rows share a random centre plus `noise` of their own (tokens that mean nearly
+# the same thing), scaled to `std`. Measured over the probe (range(10, 30)), bf16, transformers (2026-12-07): top
+# logit p50 base 21.75, under A 26.81, B 21.00, C 22.31 (16.9-37.8 across positions; tests/adapters/
+# test_real_logit_fixture.py holds each adapter's p50 in [20, 30]); p_top p50 0.36-0.51 (0.18-0.94). The plain init
+# with its lm_head scaled up to the same top logits had p_top 0.95: no near-ties, and so no meeting with rounding.
+REAL_LOGITS_HEAD: dict[str, float] = {"group": 8, "noise": 0.2, "std": 0.8}
+
+
+def tiny_real_logits_qwen3(root: Path | None = None) -> Path:
+    """The tiny Qwen3 (tiny_qwen3's config and seed) with REAL_LOGITS_HEAD's lm_head, bf16."""
+    spec = {"rev": _GENERATOR_REVISION, "config": TINY_QWEN3, "seed": MODEL_SEED, "head": REAL_LOGITS_HEAD}
+    target = (root or cache_root()) / f"qwen3-tiny-real-logits-{_spec_digest(spec)}"
+
+    def build(out: Path) -> None:
+        import torch
+        from transformers import Qwen3Config, Qwen3ForCausalLM
+
+        torch.manual_seed(MODEL_SEED)
+        config = Qwen3Config(**{k: v for k, v in TINY_QWEN3.items() if k != "torch_dtype"})
+        model = Qwen3ForCausalLM(config)  # type: ignore[no-untyped-call]
+        vocab, hidden = model.lm_head.weight.shape
+        group = int(REAL_LOGITS_HEAD["group"])
+        generator = _seeded(MODEL_SEED, "lm_head")
+        centres = torch.randn((vocab // group, hidden), generator=generator)
+        rows = centres.repeat_interleave(group, 0) + REAL_LOGITS_HEAD["noise"] * torch.randn(
+            (vocab, hidden), generator=generator)
+        with torch.no_grad():
+            model.lm_head.weight.copy_(rows / rows.std() * REAL_LOGITS_HEAD["std"])
+        model.bfloat16().save_pretrained(out, safe_serialization=True)
+
+    return _materialise(target, build)
+
+
 TINY = "tiny"
 QWEN3_0_6B_SHAPE = "qwen3-0.6b-shape"
-FIXTURE_NAMES = (TINY, QWEN3_0_6B_SHAPE)
+REAL_LOGITS = "tiny-real-logits"
+FIXTURE_NAMES = (TINY, QWEN3_0_6B_SHAPE, REAL_LOGITS)
 
 
 def build_fixtures(root: Path | None = None, fixture: str = TINY) -> Fixtures:
@@ -302,6 +343,12 @@ def build_fixtures(root: Path | None = None, fixture: str = TINY) -> Fixtures:
         return Fixtures(model_dir=model_dir, adapters=adapters, root=root or cache_root(), name=QWEN3_0_6B_SHAPE,
                         lora_rank=FULL_LORA_RANK, target_modules=ALL_LINEAR_MODULES,
                         probe_prompt=QWEN3_0_6B_PROBE_PROMPT, probe_epsilon=QWEN3_0_6B_PROBE_EPSILON)
+    if fixture == REAL_LOGITS:
+        # Adapters A, B, C as the tiny fixture's (same rank, targets, seeds), for this model. The probe tolerance is
+        # the tiny fixture's: the fixed-nats check (adapters.reference_forward) is what this fixture shows short.
+        model_dir = tiny_real_logits_qwen3(root)
+        adapters = {name: lora_adapter(name, model_dir, root) for name in ADAPTER_SEEDS}
+        return Fixtures(model_dir=model_dir, adapters=adapters, root=root or cache_root(), name=REAL_LOGITS)
     if fixture != TINY:
         raise ValueError(f"unknown fixture {fixture!r}; known: {', '.join(FIXTURE_NAMES)}")
     model_dir = tiny_qwen3(root)

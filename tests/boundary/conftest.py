@@ -37,7 +37,7 @@ class Boundary:
     m_lora_id: str
     candidate: Snapshot  # of fixture adapter C: what a valid begin of a new name would stage
     candidate_dir: Path
-    fill_dir: Path  # fixture adapter B: what fills the second managed slot for NO_FREE_SLOT
+    fill_dir: Path  # fixture adapter B: what fills the engine's other managed slots for NO_FREE_SLOT
     root: Path
     registry: RayRegistry
     baseline: dict[str, list[float]]
@@ -92,7 +92,7 @@ def log_text_since(offsets: dict[Path, int]) -> str:
 
 
 # Per module: a module's managed version is reclaimed when it ends, so the session's engines get their slots
-# back for the tests after this package (two managed slots an engine).
+# back for the tests after this package (K managed slots an engine, K its `EngineConfig.capacity`).
 @pytest.fixture(scope="module")
 def boundary(engines: Any, fixtures: Any, ray_cluster: None, tmp_path_factory: pytest.TempPathFactory,
              suite_log_offsets: dict[Path, int]) -> Iterator[Boundary]:

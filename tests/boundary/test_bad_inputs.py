@@ -250,19 +250,24 @@ def setup_step(ctx: Boundary, name: str | None) -> Iterator[None]:
             shutil.rmtree(inside, ignore_errors=True)
             shutil.rmtree(outside, ignore_errors=True)
     elif name == "fill_slots":
-        async def publish() -> Any:
+        async def publish() -> list[Any]:
+            # Every managed slot the engine has left: K of its K + 1 loaded-adapter slots, K the capacity the
+            # session's engines were started for; the module's own version holds one.
             async with client_for(ctx.engine) as client:
-                return await publish_from_disk(client, ctx.fill_dir, "bndfill")
+                held = [a for a in (await client.status())["managed"] if a["state"] in ("STAGING", "READY")]
+                return [await publish_from_disk(client, ctx.fill_dir, "bndfill")
+                        for _ in range(ctx.engine.config.capacity - len(held))]
 
-        async def reclaim(staged: Any) -> None:
+        async def reclaim(fills: list[Any]) -> None:
             async with client_for(ctx.engine) as client:
-                await client.managed("reclaim", lora_name=staged.name, reclaim_id="bnd-fill-reclaim", wait_s=60)
+                for staged in fills:
+                    await client.managed("reclaim", lora_name=staged.name, reclaim_id="bnd-fill-reclaim", wait_s=60)
 
-        staged = asyncio.run(publish())
+        fills = asyncio.run(publish())
         try:
             yield
         finally:
-            asyncio.run(reclaim(staged))
+            asyncio.run(reclaim(fills))
     else:
         raise AssertionError(f"no setup step {name!r}")
 

@@ -37,7 +37,7 @@ LOADED_HOST_DEADLINES = Deadlines(reserve=30.0, begin=90.0, bucket=60.0, commit=
 
 class Deployment(Stack):
     def __init__(self, engines: Any, fixtures: Any, tmp_path: Path, deadlines: Deadlines | None = None,
-                 key_file: Path | None = None) -> None:
+                 key_file: Path | None = None, capacity: int = 2) -> None:
         super().__init__(
             [engines.e0.url, engines.e1.url],
             TEST_TOKEN,
@@ -52,6 +52,8 @@ class Deployment(Stack):
             client_timeout_s=600.0,
             # Read by the registry actor in its own process; this process's Publisher and Reclaimer never sign.
             capability_key_file=key_file or capability_key_file(),
+            # The registry's capacity gates: the session's engines have slots for the largest K any test needs.
+            capacity=capacity,
         )
         self.engines = engines
         self.binder = self.new_binder(self.backend, shard=0)

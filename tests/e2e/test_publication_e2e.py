@@ -31,7 +31,7 @@ from versioned_lora.lifecycle import Reserve
 from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.runtime.session_binder import NoPublishedVersion
 from versioned_lora.spec.states import VersionState
-from versioned_lora.spec.wire import PROTOCOL_MISMATCH, PROTOCOL_VERSION
+from versioned_lora.spec.wire import PROTOCOL_MISMATCH, PROTOCOL_VERSION, SOURCE_ROOT_ENV
 
 LOGPROB_TOLERANCE = 0.02  # fixed before the run (see the module docstring)
 TOOL_TOKENS = [401, 402, 403]
@@ -57,7 +57,7 @@ async def assert_match_clean_baselines(fixtures, log_dir: Path, served: list[Ser
     versions = sorted({s.version for s in served})
     configs = [
         EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(), log_path=log_dir / f"baseline-{v}.log",
-                     extra_args=TEST_ENGINE_ARGS, env=engine_env())
+                     extra_args=TEST_ENGINE_ARGS, env=engine_env(**{SOURCE_ROOT_ENV: str(fixtures.root)}))
         for v in versions
     ]  # fmt: skip
     processes = await asyncio.to_thread(start_all, configs)
@@ -108,8 +108,8 @@ async def _engine_idle(name: str, url: str) -> None:
 
 
 @asynccontextmanager
-async def deployed(engines, fixtures, tmp_path) -> AsyncIterator[Deployment]:  # type: ignore[no-untyped-def]
-    deployment = Deployment(engines, fixtures, tmp_path)
+async def deployed(engines, fixtures, tmp_path, capacity: int = 2) -> AsyncIterator[Deployment]:  # type: ignore[no-untyped-def]
+    deployment = Deployment(engines, fixtures, tmp_path, capacity=capacity)
     await _engines_idle(deployment)
     await deployment.publisher.sync_incarnations()
     try:
@@ -299,7 +299,7 @@ def test_an_engine_speaking_another_protocol_version_is_refused_before_any_begin
             before = await d.audit()
             monkeypatch.setattr(engine_staging, "PROTOCOL_VERSION", PROTOCOL_VERSION + 1)
             refused = await d.publisher.publish(a_version, a)
-            assert (refused.status, refused.reason) == ("FAILED_CLEAN", "EngineRefused"), refused
+            assert (refused.status, refused.reason) == ("FAILED_CLEAN", PROTOCOL_MISMATCH), refused
             assert refused.detail is not None and refused.detail.startswith(f"{PROTOCOL_MISMATCH}: engine E")
             assert f"speaks managed protocol {PROTOCOL_VERSION}, this publisher {PROTOCOL_VERSION + 1}" in (
                 refused.detail)
@@ -416,6 +416,6 @@ def test_every_training_rank_gets_the_same_outcome(engines, fixtures, tmp_path) 
     mine = run(scenario())
     theirs = [[json.loads(line) for line in proc.communicate(timeout=120)[0].splitlines()] for proc in others]
     assert [o.status for o in mine][:2] == ["COMMITTED", "REJECTED"] and mine[1].reason == "CAPACITY_ERROR"
-    assert mine[2].status == "FAILED_CLEAN" and mine[2].reason == "EngineRefused"
+    assert mine[2].status == "FAILED_CLEAN" and mine[2].reason == "PROBE_MISMATCH"
     expected = [{"status": o.status, "reason": o.reason, "version": list(o.version)} for o in mine]
     assert theirs == [expected, expected]

@@ -27,7 +27,7 @@ from engine_helpers import PROMPT, client_for, hold_scheduler, refcount, run, wa
 from test_publication_e2e import LOGPROB_TOLERANCE, assert_matches_reference, deployed
 
 from versioned_lora.adapters.engine_link import Candidate
-from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block
+from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, loaded_adapter_slots
 from versioned_lora.adapters.sglang_backend import SGLangBackend
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
@@ -842,14 +842,17 @@ async def _row_9_managed(d: Any, fixtures: Any) -> None:
                 with pytest.raises(EngineHTTPError, match="MANAGED_ADAPTER") as refused:
                     await bypass
                 assert refused.value.status_code == 400
-    # LRU: A and B (pinned) and an ordinary X fill E0's three slots; loading Y evicts X, never a managed one.
+    # LRU: A and B (pinned) and ordinary X0..Xn fill E0's K + 1 slots; loading Y evicts X0, never a managed one.
     e0 = d.clients["E0"]
-    x, y = f"plain-x-{d.epoch}", f"plain-y-{d.epoch}"
-    assert (await e0.load_lora_adapter(x, str(fixtures.adapters["C"])))["success"]
-    await e0.generate(PROMPT, x, 2)
+    xs = [f"plain-x{i}-{d.epoch}" for i in range(loaded_adapter_slots(d.engines.e0.config.capacity) - 2)]
+    y = f"plain-y-{d.epoch}"
+    for x in xs:
+        assert (await e0.load_lora_adapter(x, str(fixtures.adapters["C"])))["success"]
+        await e0.generate(PROMPT, x, 2)
     assert (await e0.load_lora_adapter(y, str(fixtures.adapters["C"])))["success"]
-    assert {entry["name"] for entry in (await e0.status())["adapters"]} == {a.lora_name, b.lora_name, y}
-    assert (await e0.unload_lora_adapter(y))["success"]
+    assert {entry["name"] for entry in (await e0.status())["adapters"]} == {a.lora_name, b.lora_name, *xs[1:], y}
+    for plain in (*xs[1:], y):
+        assert (await e0.unload_lora_adapter(plain))["success"]
     for client in d.clients.values():
         states = {m["name"]: m["state"] for m in (await client.status())["managed"]}
         assert (states[a.lora_name], states[b.lora_name]) == ("READY", "READY")

@@ -10,10 +10,15 @@ from model_checks.drivers import (
     BROKEN_PORT_BOUNDS,
     BROKEN_PORT_ROWS,
     DEFENSIVE_ROWS,
+    DIGESTS,
     NO_DRIVER_MAKES,
+    WINDOW_BOUNDS,
+    WINDOW_SCENARIOS,
     B,
     Budget,
+    C,
     Checked,
+    D,
     DriverSystem,
     World,
     _received,
@@ -23,8 +28,12 @@ from model_checks.drivers import (
     stuck,
 )
 from model_checks.suite import CHECKER_BOUNDS, Entry, report_line, rows_fired
+from versioned_lora.lifecycle import CORE, Reserve
 from versioned_lora.lifecycle.drivers import StageState
+from versioned_lora.lifecycle.results import Rejected
 from versioned_lora.spec.drivers import DRIVER_ROWS
+from versioned_lora.spec.model import occupied_slots
+from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import PlacementState
 from versioned_lora.spec.table import ROWS
 
@@ -65,3 +74,18 @@ def test_a_three_engine_world_stages_on_every_engine_and_holds_the_barrier_acros
     assert result.violation is None and len(start.engines) == 3
     assert ready_on == {"E0", "E1", "E2"}
     assert 2 in partial and 3 in partial
+
+
+def test_the_window_bound_holds_three_versions_and_refuses_the_fourth_at_reserve(
+        checked: dict[Entry, Checked]) -> None:
+    """WINDOW_BOUNDS' worlds are K = 3 for real: a publication at capacity starts with A, B and C held (C the
+    default), and the registry refuses D's reserve for capacity, where at K = 2 it refuses C with A and B held. The
+    report line says which capacities the suite checked."""
+    window = Budget(drops=1, dups=0, deadlines=1, cancels=1, capacity=3)
+    assert window in WINDOW_BOUNDS and all(("drivers", name, window) in CHECKER_BOUNDS for name in WINDOW_SCENARIOS)
+    for budget, refused, held in ((window, D, 3), (Budget(), C, 2)):
+        world = scenario("reserve_at_capacity", budget)
+        assert world.registry.config.capacity == budget.capacity and occupied_slots(world.registry) == held
+        _, result, _ = CORE.step(world.registry, Reserve(refused, DIGESTS[refused]))
+        assert isinstance(result, Rejected) and result.reason is Reason.CAPACITY_ERROR, result
+    assert " capacities=2,3 " in report_line(list(checked.values()))

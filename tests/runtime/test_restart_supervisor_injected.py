@@ -58,7 +58,7 @@ def test_injected_restart_mid_publication_leaves_the_in_flight_attempt_to_its_pu
         assert left.attempt_token == outcome.attempt_token  # the attempt being published, not a rehydrate
         assert [kind for kind, _ in e1.calls].count("begin") == 1  # the supervisor began nothing
         # E1's READY is of the old incarnation: the registry refuses it, so the attempt is aborted and cleaned.
-        assert (outcome.status, outcome.reason) == (PublishStatus.FAILED_CLEAN, "EngineRefused"), outcome
+        assert (outcome.status, outcome.reason) == (PublishStatus.FAILED_CLEAN, "STALE_INCARNATION"), outcome
 
     asyncio.run(body())
 

@@ -9,6 +9,7 @@ bypass management, compatibility". Every managed version here is staged from a P
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -31,6 +32,7 @@ from engine_helpers import (
 )
 
 from versioned_lora import capabilities
+from versioned_lora.adapters.engine_process import loaded_adapter_slots
 from versioned_lora.adapters.sglang_client import EngineHTTPError, ManagedRefusal, SGLangClient
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
 from versioned_lora.capabilities import Action, mint
@@ -361,15 +363,19 @@ def test_stock_load_unload_and_lru_never_touch_managed_adapters(engines, fixture
                     await client.unload_lora_adapter(managed.name)
                 assert [e.value.status_code for e in (by_dir, by_tensors, unload)] == [400, 400, 400]
 
-            # Two managed (pinned) + unmanaged X fill max_loaded_loras=3; loading Y makes the stock
-            # load path evict the least recently used adapter: X, never a managed one.
-            async with loaded_adapter(client, fixtures.adapters["C"], "X") as x:
+            # Two managed (pinned) + unmanaged X1..Xn fill the engine's K + 1 loaded-adapter slots; loading Y
+            # makes the stock load path evict the least recently used adapter: X1, never a managed one.
+            async with contextlib.AsyncExitStack() as plain:
+                xs = []
+                for i in range(loaded_adapter_slots(engines.e0.config.capacity) - 2):
+                    xs.append(await plain.enter_async_context(loaded_adapter(client, fixtures.adapters["C"], f"X{i}")))
+                    await client.generate(PROMPT, xs[-1], 2)
                 await client.generate(PROMPT, a.name, 2)
                 await client.generate(PROMPT, b.name, 2)
                 async with loaded_adapter(client, fixtures.adapters["C"], "Y") as y:
                     names = {entry["name"] for entry in (await client.status())["adapters"]}
-                    assert names == {a.name, b.name, y}
-                    assert x not in names
+                    assert names == {a.name, b.name, *xs[1:], y}
+                    assert xs[0] not in names
             for managed in (a, b):
                 assert (await managed_view(client, managed.name))["state"] == "READY"
                 assert (await client.generate(PROMPT, managed.name, 2)).output_ids
@@ -455,11 +461,14 @@ def test_a_begin_the_table_answers_is_not_refused_for_capacity(engines, fixtures
             held = [a for a in (await client.status())["managed"] if a["state"] in ("STAGING", "READY")]
             assert held == [], "an earlier test left managed adapters on E1"
             ready = await publish_from_disk(client, fixtures.adapters["A"], "slotready")
+            # The engine's other managed slots (K of K + 1 in all) held by more ready versions, all but one.
+            others = [await publish_from_disk(client, fixtures.adapters["B"], "slotother")
+                      for _ in range(engines.e1.config.capacity - 2)]
             snapshot = snapshot_from_adapter_dir(fixtures.adapters["C"])
             version = VersionKey(1, f"slotstaging{uuid.uuid4().hex[:6]}")
             staging = Staged(lora_name(version, snapshot.digest), f"attempt-{uuid.uuid4().hex[:8]}", snapshot.digest,
                              ready.incarnation, snapshot.manifest.to_json(), str(fixtures.adapters["C"]))
-            await client.managed("begin", **staging.begin_body())  # STAGING: both managed slots are now taken
+            await client.managed("begin", **staging.begin_body())  # STAGING: every managed slot is now taken
             try:
                 before = (await client.status())["managed"]
                 for staged in (staging, ready):
@@ -475,6 +484,7 @@ def test_a_begin_the_table_answers_is_not_refused_for_capacity(engines, fixtures
                 assert (await client.status())["managed"] == before
             finally:
                 await client.managed("cleanup", lora_name=staging.name, attempt_token=staging.attempt_token)
-                await client.managed("reclaim", lora_name=ready.name, reclaim_id="slot-teardown", wait_s=60)
+                for held in (ready, *others):
+                    await client.managed("reclaim", lora_name=held.name, reclaim_id="slot-teardown", wait_s=60)
 
     run(body())

@@ -22,17 +22,26 @@ from typing import Any
 import attrs
 import httpx
 
+from versioned_lora.lifecycle.core import DEFAULT_CAPACITY
 from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV, PATCHES_ENV, STANDBY_FILE_ENV, STATUS_PATH
 
-# RFC "first supported configuration": two pinned managed adapters plus one free slot; radix cache
-# on (SGLang's default); overlap scheduling, speculative decoding and CUDA graphs off.
-MANAGED_LORA_ARGS: tuple[str, ...] = (
-    "--enable-lora",
-    "--max-loras-per-batch", "3",
-    "--max-loaded-loras", "3",
-    "--disable-overlap-schedule",
-    "--disable-cuda-graph",
-)
+
+def loaded_adapter_slots(capacity: int) -> int:
+    """The loaded-adapter slots of an engine serving a registry of capacity K: K pinned managed versions plus one
+    slot for the stock path (the engine refuses a `begin` NO_FREE_SLOT once K are staged or ready). The one knob
+    is K; this is the only place the engines' slots are derived from it (issue 46, item 4)."""
+    if capacity < 1:
+        raise ValueError(f"capacity must be at least 1, got {capacity}")
+    return capacity + 1
+
+
+def managed_lora_args(capacity: int = DEFAULT_CAPACITY) -> tuple[str, ...]:
+    """RFC "first supported configuration" at K = `capacity`: K + 1 loaded adapters, all of them allowed in one
+    batch (every held version may have sessions at once); radix cache on (SGLang's default); overlap scheduling,
+    speculative decoding and CUDA graphs off."""
+    slots = str(loaded_adapter_slots(capacity))
+    return ("--enable-lora", "--max-loras-per-batch", slots, "--max-loaded-loras", slots,
+            "--disable-overlap-schedule", "--disable-cuda-graph")
 
 # CPU-only host (DESIGN.md §5): the torch-native LoRA and attention backends, a bounded KV pool
 # (otherwise the scheduler reserves ~70% of RAM), and --sleep-on-idle: without it an idle scheduler
@@ -74,6 +83,8 @@ class EngineConfig:
     # decoded 6-8x slower than with one thread each (2026-12-04, benchmarks/results/RESULTS.md "One torch
     # thread per CPU engine"). `env` still wins over this.
     cpu_threads: int | None = 1
+    # The registry capacity K this engine serves: it is started with K + 1 loaded-adapter slots.
+    capacity: int = DEFAULT_CAPACITY
 
     def command(self) -> list[str]:
         args = [
@@ -84,7 +95,7 @@ class EngineConfig:
             "--skip-tokenizer-init",
             "--max-lora-rank", str(self.max_lora_rank),
             "--lora-target-modules", *self.lora_target_modules,
-            *MANAGED_LORA_ARGS,
+            *managed_lora_args(self.capacity),
         ]
         if self.cpu:
             args += CPU_ARGS

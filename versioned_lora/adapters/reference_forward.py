@@ -130,3 +130,10 @@ class ReferenceProbeCheck:
 
     def __call__(self, candidate: Any, token_id: int, logprob: float) -> bool:
         return self.reference(candidate).matches(token_id, logprob, self.epsilon)
+
+    def explain(self, candidate: Any) -> str:
+        """The reference side of a refusal and the rule, for its message: the token must be the reference's and
+        its logprob within `epsilon` of the reference's."""
+        reference = self.reference(candidate)
+        return (f"the reference forward answers {reference.token_id}/{reference.logprob:.5f}; tolerance: the same "
+                f"token, its logprob within {self.epsilon} nats")

@@ -129,6 +129,16 @@ class DemoRun:
         self.check("versions are published as manifest v2",
                    {x.snapshot.manifest.format for x in (a, b, c)} == {MANIFEST_FORMAT_V2})
 
+        # A window of K > 2 versions (`--capacity K`): K - 2 older versions W1.. are published first and stay held,
+        # idle, so that A and B fill the window and C meets it full, as at K = 2.
+        for index in range(1, stack.capacity - 1):
+            step = self.step(f"bootstrap W{index} (window of {stack.capacity})")
+            w_version, w = stack.candidate(f"W{index}", "B")
+            outcome = await self.publish(f"W{index}", w_version, w)
+            self.done(step, outcome.status)
+            if not self.check(f"W{index} published (COMMITTED)", outcome.committed, outcome.detail):
+                return
+
         step = self.step("bootstrap A")
         outcome = await self.publish("A", a_version, a)
         self.done(step, outcome.status)
@@ -196,8 +206,9 @@ class DemoRun:
         self.check("E1 refused at end with a digest mismatch", "MANIFEST_MISMATCH" in outcome.detail
                    or "DIGEST" in outcome.detail.upper(), outcome.detail[:200])
         view = await stack.registry.publication_view()
-        self.check("capacity freed after the failure (1 version held)", view.managed_count() == 1,
-                   f"managed_count={view.managed_count()}")
+        held = stack.capacity - 1
+        self.check(f"capacity freed after the failure ({held} version{'s' * (held != 1)} held)",
+                   view.managed_count() == held, f"managed_count={view.managed_count()}")
         leftovers = {}
         for name, client in stack.clients.items():
             engine_status = await client.status()
@@ -267,9 +278,10 @@ class DemoRun:
         nonzero = {k: v for k, v in self.audit_deltas.items() if v}
         self.check("0 pause/flush/abort_all/base-weight calls", not nonzero, str(nonzero))
         most = max((s.managed for s in self.sampler.samples), default=0)
-        self.check("managed versions never above 2", most <= 2, f"max {most}")
+        k = self.stack.capacity
+        self.check(f"managed versions never above {k}", most <= k, f"max {most}")
         most_engine = max((max(s.engine_managed) for s in self.sampler.samples), default=0)
-        self.check("engines never held more than 2 managed adapters", most_engine <= 2, f"max {most_engine}")
+        self.check(f"engines never held more than {k} managed adapters", most_engine <= k, f"max {most_engine}")
         final = self.sampler.samples[-1] if self.sampler.samples else None
         self.check("B is the default at the end", final is not None and final.default == "B",
                    str(final.default if final else None))

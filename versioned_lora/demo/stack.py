@@ -25,6 +25,7 @@ from versioned_lora.adapters.snapshot_store import SnapshotStore
 from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint, parse_key
 from versioned_lora.fixtures import Fixtures, build_fixtures
 from versioned_lora.lifecycle import VersionKey
+from versioned_lora.lifecycle.core import DEFAULT_CAPACITY
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.dispatch_gate import DispatchGate
 from versioned_lora.runtime.interfaces import BackendRequest
@@ -40,19 +41,19 @@ BUCKET_BYTES = 8 * 1024  # the fixture adapters are ~28 KB: 4 buckets, so per-bu
 
 def start_engines(
     fixtures: Fixtures, log_dir: Path, token: str, count: int = 2, capability_key_file: Path | None = None,
-    extra_args: Sequence[str] = (), cpu_threads: int | None = 1,
+    extra_args: Sequence[str] = (), cpu_threads: int | None = 1, capacity: int = DEFAULT_CAPACITY,
 ) -> list[EngineProcess]:
     """Start `count` engines in parallel; any failure stops them all and raises. The engines carry out cleanups
     and reclaims only under the registry's capability: `capability_key_file` is the key they and the registry
     actor share (a managed engine does not start without one). `extra_args` go to every engine's command line;
-    `cpu_threads` is `EngineConfig.cpu_threads`."""
+    `cpu_threads` is `EngineConfig.cpu_threads`; `capacity` the registry's K they serve (K + 1 adapter slots)."""
     configs = []
     env = {TOKEN_ENV: token, **({KEY_FILE_ENV: str(capability_key_file)} if capability_key_file else {})}
     for index in range(count):
         configs.append(EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(),
                                     log_path=log_dir / f"E{index}.log", max_lora_rank=fixtures.lora_rank,
                                     lora_target_modules=fixtures.target_modules, env=env,
-                                    extra_args=tuple(extra_args), cpu_threads=cpu_threads))
+                                    extra_args=tuple(extra_args), cpu_threads=cpu_threads, capacity=capacity))
     return start_all(configs)
 
 
@@ -87,6 +88,7 @@ class Stack:
         client_timeout_s: float = 300.0,
         bucket_bytes: int = BUCKET_BYTES,
         capability_key_file: Path | None = None,
+        capacity: int = DEFAULT_CAPACITY,
     ) -> None:
         # A fresh epoch per deployment: managed names are never reused on an engine.
         self.epoch = random.randrange(1, 2**31)
@@ -96,7 +98,10 @@ class Stack:
         self.registry_name = f"registry-{uuid.uuid4().hex[:8]}"
         self.handle = create_registry_actor(journal, name=self.registry_name,
                                             engines=ENGINE_NAMES[: len(urls)], epoch=self.epoch,
-                                            capability_key_file=capability_key_file)
+                                            capability_key_file=capability_key_file, capacity=capacity)
+        # The registry's capacity K gates how many versions are held; the engines must have been started with at
+        # least K + 1 slots (`start_engines(capacity=K)`, `EngineConfig.capacity`), else a begin is NO_FREE_SLOT.
+        self.capacity = capacity
         self.registry = RayRegistry(self.handle)
         self.clients = {name: SGLangClient(url, token=token, timeout_s=client_timeout_s)
                         for name, url in zip(ENGINE_NAMES, urls, strict=False)}

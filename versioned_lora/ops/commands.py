@@ -28,12 +28,10 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from versioned_lora.adapters.ray_registry import REGISTRY_ACTOR_NAME, REGISTRY_NAMESPACE, RayRegistry
 from versioned_lora.adapters.sglang_client import SGLangClient
-from versioned_lora.fixtures import TINY_PROBE_PROMPT
 from versioned_lora.ops.status_render import render_status
 from versioned_lora.ops.status_view import gather_status
 
 DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
-PROBE_PROMPT = list(TINY_PROBE_PROMPT)  # the demo's probe prompt (fixtures): 20 ids, inside any vocabulary
 
 
 class Exit(IntEnum):
@@ -184,10 +182,18 @@ def _progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=False)
 
 
+def probe_prompt() -> list[int]:
+    """The demo's probe prompt (the tiny fixture's: 20 ids, inside any vocabulary), from demo/ lazily: no
+    module outside fixtures.py and demo/ imports the fixtures module (issue 46, item 5)."""
+    from versioned_lora.demo.defaults import TINY_PROBE_PROMPT
+
+    return list(TINY_PROBE_PROMPT)
+
+
 def _ports(clients: dict[str, SGLangClient]) -> dict[str, Any]:
     from versioned_lora.adapters.engine_staging import EngineStaging
 
-    return {name: EngineStaging(name, client, PROBE_PROMPT) for name, client in clients.items()}
+    return {name: EngineStaging(name, client, probe_prompt()) for name, client in clients.items()}
 
 
 def default_holder() -> str:
@@ -200,11 +206,11 @@ def _publisher(registry: RayRegistry, ports: dict[str, Any], args: argparse.Name
                on_phase: Callable[[str, str, float], None] | None = None) -> Any:
     """The Publisher over this deployment (its probe check runs the reference forward of the base model)."""
     from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
-    from versioned_lora.fixtures import build_fixtures
+    from versioned_lora.demo.defaults import build_fixtures
     from versioned_lora.runtime.publisher import Publisher
 
     model_dir = Path(args.model) if args.model else build_fixtures().model_dir
-    probe_check = ReferenceProbeCheck(ReferenceModel(model_dir), PROBE_PROMPT)
+    probe_check = ReferenceProbeCheck(ReferenceModel(model_dir), probe_prompt())
     return Publisher(registry, ports, probe_check, on_phase=on_phase, holder=args.holder or default_holder(),
                      lease_ttl_s=args.lease_ttl, snapshots=_snapshots(args))
 

@@ -126,6 +126,13 @@ class PublisherRefusal(StrEnum):
     PROBE_MISMATCH = "PROBE_MISMATCH"
 
 
+def failure_reason(why: BaseException) -> str:
+    """A failed publication's `reason`: the refusal's code where an engine or the publisher refused, typed
+    (`EngineRefused.reason`: PROBE_MISMATCH, MANIFEST_MISMATCH, PROTOCOL_MISMATCH, ...), else what went wrong
+    (PhaseDeadlineMissed, EngineUnreachable, an exception of the snapshot store): a caller acts on the code."""
+    return why.reason if isinstance(why, EngineRefused) else type(why).__name__
+
+
 @attrs.frozen
 class PublishOutcome:
     status: PublishStatus
@@ -292,7 +299,7 @@ class Publisher:
                 if stored:
                     await asyncio.gather(stored[0], return_exceptions=True)  # its thread cannot be stopped; let it end
                 status = await self.abort_and_clean(version, token, phases)
-                outcome = PublishOutcome(status, version, reason=type(why).__name__, lora_name=candidate.lora_name,
+                outcome = PublishOutcome(status, version, reason=failure_reason(why), lora_name=candidate.lora_name,
                                          attempt_token=token, phases=phases, detail=str(why))
             settled.append(outcome)
             return drivers.Answer(command.call, DriverOutcome(str(outcome.status)))
@@ -418,7 +425,7 @@ class Publisher:
         if report.outcome is not DriverOutcome.STAGED:
             state = loop.state
             assert isinstance(state, drivers.StageState)
-            raise self._stage_failure(state, loop)
+            raise self._stage_failure(state, loop, candidate=candidate)
 
     async def _stored_candidate(self, digest: str, lora_name: str) -> CandidatePort:
         if self.snapshots is None:
@@ -492,8 +499,11 @@ class Publisher:
             return EngineUnreachable(f"{name}: {failure.op}: {said or 'no answer'}")
         if failure.op == "probe":
             receipt = failed.receipt
+            # Both sides and the tolerance, where the check can say them (ReferenceProbeCheck.explain).
+            explain = getattr(self.probe_check, "explain", None)
+            against = f"; {explain(candidate)}" if explain is not None and candidate is not None else ""
             return EngineRefused(PublisherRefusal.PROBE_MISMATCH, f"{name}: probe {receipt.probe_token}/"
-                                 f"{receipt.probe_logprob:.5f} differs from the reference forward")
+                                 f"{receipt.probe_logprob:.5f} differs from the reference forward{against}")
         assert failure.reason is not None
         if failure.op in ("prepared", "ready"):
             said = f"registry refused {failure.op.upper()} from {name}: {failure.reason}"

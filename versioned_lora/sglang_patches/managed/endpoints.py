@@ -86,13 +86,11 @@ def _incarnation(body: dict[str, Any]) -> int:
 
 
 def source_roots() -> list[Path]:
-    """The directory trees a disk-sourced `begin` may read: ``$VERSIONED_LORA_SOURCE_ROOT``, one path or several
-    separated by ``os.pathsep``; default: the fixture cache, where `versioned-lora fixtures` writes its adapters."""
+    """The directory trees a disk-sourced `begin` may read: ``$VERSIONED_LORA_SOURCE_ROOT`` (`versioned-lora engine
+    --source-root`), one path or several separated by ``os.pathsep``. None configured: none, and every
+    disk-sourced `begin` is refused. The engine knows no fixture cache: where a deployment keeps its candidates
+    is the deployment's to say (issue 46, item 5)."""
     configured = [part for part in os.environ.get(SOURCE_ROOT_ENV, "").split(os.pathsep) if part]
-    if not configured:
-        from versioned_lora.fixtures import cache_root
-
-        configured = [str(cache_root())]
     return [Path(part).resolve() for part in configured]
 
 
@@ -108,9 +106,10 @@ def confined_source(raw: str) -> Path:
                          field="source_path") from exc
     inside = any(path.is_relative_to(root) and all(e.is_relative_to(root) for e in entries) for root in roots)
     if not path.is_dir() or not inside:
+        allowed = os.pathsep.join(map(str, roots)) or "none configured: this engine reads no candidate from disk"
         raise BadRequest(EngineRefusal.SOURCE_PATH_REFUSED,
-                         f"source_path must be a directory inside ${SOURCE_ROOT_ENV} "
-                         f"({os.pathsep.join(map(str, roots))}), symlinks resolved", field="source_path")
+                         f"source_path must be a directory inside ${SOURCE_ROOT_ENV} ({allowed}), symlinks resolved",
+                         field="source_path")
     return path
 
 
