@@ -32,7 +32,7 @@ from versioned_lora.lifecycle.effects import (
     Unregister,
 )
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.sglang_patches.managed import audit, hold_points
+from versioned_lora.sglang_patches.managed import audit, faults, hold_points
 from versioned_lora.sglang_patches.managed.staging import StagingSource, StockLoads
 from versioned_lora.spec.events import (
     AcquireRequest,
@@ -262,6 +262,8 @@ class ManagedEngine:
         # SGLang's stock load (not our guard): a fresh LoRARef, so a new lora_id and a cold KV namespace;
         # pinned, so LRU eviction never picks it.
         await hold_points.HOLDS.reach("load", name)
+        if faults.trip(faults.FAIL_LOAD, name):  # test-only: answered as SGLang's failed load, nothing loaded
+            raise EngineOperationError(EngineRefusal.LOAD_FAILED, f"injected failure (test-only fault) for {name!r}")
         output = await self.sources[(name, attempt_token)].load(self._stock_loads)
         if not output.success:
             raise EngineOperationError(EngineRefusal.LOAD_FAILED, output.error_message or "load failed")
@@ -287,13 +289,16 @@ class ManagedEngine:
         if instance.lora_id in self.tm.lora_registry._counters:
             await self.tm.lora_registry.wait_for_unload(instance.lora_id)
         await hold_points.HOLDS.reach("unload", name)
-        async with self.tm.lora_update_lock:
-            # TokenizerManager.update_lora_adapter_communicator: the scheduler drops the weights of
-            # this lora_id (LoRAManager.unload_lora_adapter) and frees its memory-pool slot.
-            results = await self.tm.update_lora_adapter_communicator(
-                UnloadLoRAAdapterReqInput(lora_name=name, lora_id=instance.lora_id)
-            )
-        failed = [r.error_message for r in results if not r.success]
+        if faults.trip(faults.FAIL_UNLOAD, name):  # test-only: answered as SGLang's failed unload, nothing unloaded
+            failed = [f"injected failure (test-only fault) for {name!r}"]
+        else:
+            async with self.tm.lora_update_lock:
+                # TokenizerManager.update_lora_adapter_communicator: the scheduler drops the weights of
+                # this lora_id (LoRAManager.unload_lora_adapter) and frees its memory-pool slot.
+                results = await self.tm.update_lora_adapter_communicator(
+                    UnloadLoRAAdapterReqInput(lora_name=name, lora_id=instance.lora_id)
+                )
+            failed = [r.error_message for r in results if not r.success]
         if failed:
             raise EngineOperationError(EngineRefusal.UNLOAD_FAILED, "; ".join(str(f) for f in failed))
         audit.COUNTS["physical_unload"] += 1

@@ -30,7 +30,9 @@ from versioned_lora.spec.wire import TEST_HOLD_POINTS_ENV, EngineRefusal
 ENV = TEST_HOLD_POINTS_ENV
 HOLDS_AT = ("load", "probe", "unload")
 FAULTS = ("fail_request",)
-POINTS = HOLDS_AT + FAULTS
+# The injected failures of the engine's own load and unload (managed/faults.py), armed here too.
+ENGINE_FAULTS = ("fail_load", "fail_unload")
+POINTS = HOLDS_AT + FAULTS + ENGINE_FAULTS
 
 
 class InjectedFailure(RuntimeError):
@@ -69,6 +71,11 @@ class HoldPoints:
         if armed in (names if isinstance(names, list) else [names]):
             del self._armed["fail_request"]
             raise InjectedFailure(f"injected failure (test-only fault point 'fail_request') for {armed!r}")
+
+    def take(self, fault: str, name: str) -> bool:
+        """Whether the engine fault `fault` is armed for exactly `name`. It stays armed until released: SGLang fails
+        that operation for as long as the test needs (every retry too)."""
+        return self.enabled and self._armed.get(fault) == name
 
     async def reach(self, point: str, name: str) -> None:
         """Called by the engine at `point` of a call for `name`; returns at once unless armed for exactly that."""
