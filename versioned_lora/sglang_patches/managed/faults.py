@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from versioned_lora.sglang_patches.managed import hold_points
 
-FAIL_LOAD, FAIL_UNLOAD = hold_points.ENGINE_FAULTS
+ENGINE_FAULTS = hold_points.ENGINE_FAULTS
+FAIL_LOAD, FAIL_UNLOAD = ENGINE_FAULTS
 
 
 def trip(fault: str, name: str) -> bool:
