@@ -67,7 +67,9 @@ def test_injected_failed_load_frees_its_stash_and_the_attempt_ends_failed_clean_
             assert await d.clients["E1"].adapter(b.lora_name) is None  # SGLang holds nothing of that name
             await _agrees_with_sglang(d.clients["E1"])
             assert outcome.status is PublishStatus.FAILED_CLEAN, outcome
-            assert outcome.reason == "LOAD_FAILED", outcome  # typed: the engine's table refused the end so
+            # typed: the engine's table refused E1's end LOAD_FAILED (the publisher names an engine's refusal
+            # EngineRefused and its reason first in the detail, as for every refusal of a staging)
+            assert (outcome.reason, outcome.detail.split(":")[0]) == ("EngineRefused", "LOAD_FAILED"), outcome
             view = await d.registry.publication_view()
             assert view.versions[b_version].state is VersionState.FAILED_CLEAN
             assert view.managed_count() == 0
