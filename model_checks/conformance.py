@@ -18,6 +18,7 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
+from model_checks.drivers import carried_out
 from versioned_lora.lifecycle import (
     AcquireRequest,
     AdapterState,
@@ -60,7 +61,8 @@ def expected_observations(ops: list[tuple[str, ...]], name: str, token: str, dig
         elif kind == "reclaim":
             events = [ReclaimAdapter(name, op[1])]
         for event in events:
-            state, result, effects = engine_step(state, event)  # type: ignore[arg-type]
+            # The engine's executor reports each load's and unload's outcome (they succeed here) as an input.
+            state, result = carried_out(engine_step, *engine_step(state, event))  # type: ignore[arg-type]
             if kind == "generate_refused":
                 assert isinstance(result, Rejected)
             if kind == "publish" and not isinstance(result, Rejected):
@@ -70,6 +72,7 @@ def expected_observations(ops: list[tuple[str, ...]], name: str, token: str, dig
                 state, _, effects = engine_step(state, FinishUnload(name, adapter.reclaim_id or ""))
                 if any(isinstance(x, PhysicalUnload) for x in effects):
                     unloads, loaded, receipt = unloads + 1, False, adapter.reclaim_id
+                state, _ = carried_out(engine_step, state, None, effects)  # type: ignore[arg-type]
         adapter = state.adapters[name]
         out.append(Observation(str(adapter.state), adapter.native_refs, loaded, unloads, receipt))
     return out

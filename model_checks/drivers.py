@@ -250,7 +250,7 @@ from versioned_lora.lifecycle.drivers import (
     subs_of,
     supervise,
 )
-from versioned_lora.lifecycle.effects import CleanupOnEngine, StageOnEngine
+from versioned_lora.lifecycle.effects import CleanupOnEngine, LoadPinned, PhysicalUnload, StageOnEngine
 from versioned_lora.lifecycle.enabled import (
     FORGED_RECLAIM_ID,
     STALE_TOKEN,
@@ -292,6 +292,8 @@ from versioned_lora.spec.events import (
     EngineStarted,
     ExpireLease,
     FinishUnload,
+    LoadDone,
+    LoadFailed,
     OpenSession,
     ReceiveBucket,
     ReclaimAdapter,
@@ -303,6 +305,8 @@ from versioned_lora.spec.events import (
     RenewLease,
     Reserve,
     TakeOverLease,
+    UnloadDone,
+    UnloadFailed,
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name, reclaim_id
 from versioned_lora.spec.invariants import engine_violated, violated
@@ -434,6 +438,8 @@ class World:
     bad_probes: frozenset[str] = frozenset()  # engines whose `end` probe differs from the reference forward
     bad_manifests: frozenset[str] = frozenset()  # engines where a bucket landed corrupted: `end` does not verify
     bad_name: bool = False  # the publication's candidate carries another name than the registry reserves
+    load_fails: frozenset[str] = frozenset()  # engines where SGLang's load fails (LoadFailed, issue 41)
+    unload_fails: frozenset[str] = frozenset()  # engines where SGLang's next physical unload fails (once)
     started: bool = False  # Start was fed (it is fed once: a driver back in IDLE gets no second one)
     # A session's caller: the requests it will still make, in order (each may come while earlier ones are in
     # flight), and the subjects it asked about and has not been told about yet.
@@ -450,6 +456,32 @@ class Receipt:
 
     incarnation: int
     digest: str
+
+
+# ---------------------------------------------------------------- the engines' executor (issue 41)
+
+
+def outcome_of(effect: Any, load_fails: bool = False, unload_fails: bool = False) -> Any:
+    """What SGLang reports for an engine effect whose outcome is an input of the table (engine_side._carry_out):
+    LoadDone or LoadFailed for a LoadPinned, UnloadDone or UnloadFailed for a PhysicalUnload; None for the others."""
+    if isinstance(effect, LoadPinned):
+        return (LoadFailed if load_fails else LoadDone)(effect.lora_name, effect.attempt_token)
+    if isinstance(effect, PhysicalUnload):
+        return (UnloadFailed if unload_fails else UnloadDone)(effect.lora_name)
+    return None
+
+
+def carried_out(step: Callable[[Any, Any], tuple[Any, Any, tuple[Any, ...]]], engine: Any, result: Any,
+                effects: tuple[Any, ...]) -> tuple[Any, Any]:
+    """An engine call's effects carried out where every load and unload succeeds: each outcome stepped, its row's
+    effects next; the call's answer is the last row's result."""
+    queue = list(effects)
+    while queue:
+        outcome = outcome_of(queue.pop(0))
+        if outcome is not None:
+            engine, result, more = step(engine, outcome)
+            queue[:0] = more
+    return engine, result
 
 
 # ---------------------------------------------------------------- scenarios, built with the real tables
@@ -473,7 +505,8 @@ class _Setup:
         return result
 
     def eng_step(self, i: int, event: Any) -> None:
-        self.engs[i], result, _ = CORE.engine_step(self.engs[i], event)
+        """One engine call, its loads and unloads carried out (they succeed)."""
+        self.engs[i], result = carried_out(CORE.engine_step, *CORE.engine_step(self.engs[i], event))
         assert not isinstance(result, Rejected), (event, result)
 
     def reserve(self, v: VersionKey) -> tuple[str, tuple[StageOnEngine, ...]]:
@@ -541,6 +574,10 @@ def scenario(name: str, budget: Budget) -> World:
     if name == "stage_bad_manifest":  # publish B; a bucket lands corrupted on E1: its `end` is refused (RFC §7.1)
         w = _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
         return attrs.evolve(w, bad_manifests=frozenset({"E1"}))
+    if name == "stage_load_fails":  # stage B; SGLang's load of it fails on E1: its `end` is refused LOAD_FAILED,
+        # the stash freed there and nothing loaded (issue 41)
+        token, orders = s.reserve(B)  # (B's attempt issued already, as stage_probe_mismatch's)
+        return attrs.evolve(_world(s, stage(B, token, BUCKETS, orders), budget), load_fails=frozenset({"E1"}))
     if name == "reserve_retry":  # B's first attempt failed and was cleaned: publishing B again reserves afresh
         s.stage(B)
         s.abort_and_clean(B)
@@ -589,6 +626,20 @@ def scenario(name: str, budget: Budget) -> World:
         stale = Submit(Call("commit", STALE), Commit(B, token, s.reg.default_revision), "commit:stale")
         w = _world(s, settle(B, token, commit=False), budget)
         return attrs.evolve(w, net=(("req", stale),))
+    if name in ("abort_load_running", "abort_load_fails_running"):  # B READY on E0; E1's `end` verified B and its
+        # load runs (slower than the end's deadline): the abort's cleanup meets it there, before or after the load's
+        # outcome comes (which succeeds, or fails), and nothing stays pinned under a cleaned placement (issue 41)
+        s.stage(B, ready_on=(0,))
+        name_b, token = s.tokens[B]
+        for event in (ReceiveBucket(name_b, token, 1, 0), EndStaging(name_b, token, 1, True)):
+            s.engs[1], result, _ = CORE.engine_step(s.engs[1], event)  # the load itself not carried out
+            assert not isinstance(result, Rejected), (event, result)
+        outcome = (LoadFailed if name == "abort_load_fails_running" else LoadDone)(name_b, token)
+        return attrs.evolve(_world(s, settle(B, token, commit=False), budget), net=(("sglang", (1, outcome)),))
+    if name == "abort_unload_fails":  # B READY everywhere, aborted: SGLang's unload of it fails once on E1, which
+        s.stage(B)  # keeps it accounted (UNLOAD_FAILED) and refuses the cleanup, typed; the next cleanup retries it
+        w = _world(s, settle(B, s.tokens[B][1], commit=False), budget)
+        return attrs.evolve(w, unload_fails=frozenset({"E1"}))
     if name == "abort_again":  # recovery aborts an attempt that is already FAILED_CLEAN: nothing to clean
         s.stage(B)
         s.abort_and_clean(B)
@@ -608,6 +659,10 @@ def scenario(name: str, budget: Budget) -> World:
             s.eng_step(0, AcquireRequest(s.tokens[A][0]))  # lets the drain finish)
             requests = ((0, s.tokens[A][0]), (0, s.tokens[A][0]))
         return _world(s, reclaim(A), attrs.evolve(budget, releases=len(requests)), requests)
+    if name == "reclaim_unload_fails":  # SGLang's unload of A fails once on E1: A stays accounted there
+        s.stage(B)  # (UNLOAD_FAILED), the reclaim is not confirmed, and the reclaim sent again unloads it (issue 41)
+        s.commit(B)
+        return attrs.evolve(_world(s, reclaim(A), budget), unload_fails=frozenset({"E1"}))
     if name == "reclaim_done":  # a reclaim of a version every engine already confirmed: nothing is sent
         s.stage(B)
         s.commit(B)
@@ -796,7 +851,9 @@ CALLER_INPUTS = {"bind": lambda rid: (Bind(), "bind"), "gen": lambda rid: (Gener
 SCENARIOS = ("stage", "stage_probe_mismatch", "stage_bad_manifest", "reserve_retry", "reserve_name_mismatch",
              "reserve_replay", "reserve_conflict", "reserve_at_capacity", "reserve_while_pending", "reserve_no_lease",
              "commit", "commit_bootstrap", "commit_no_lease", "commit_not_ready", "abort", "abort_after_commit",
-             "abort_again", "reclaim_default", "reclaim", "reclaim_in_use", "reclaim_done", *SESSION_SCENARIOS,
+             "abort_again", "reclaim_default", "reclaim", "reclaim_in_use", "reclaim_done", "stage_load_fails",
+             "abort_load_running", "abort_load_fails_running", "abort_unload_fails", "reclaim_unload_fails",
+             *SESSION_SCENARIOS,
              *SUPERVISE_SCENARIOS, *RECOVER_SCENARIOS, *LEASE_SCENARIOS, *PUBLISH_SCENARIOS)
 
 # ---------------------------------------------------------------- successors
@@ -830,6 +887,26 @@ class DriverSystem:
 
     def _engine_step(self, engine: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
         return self._fire(engine, event)
+
+    def _carried_out(self, w: World, i: int, engine: Any, result: Any,
+                     effects: tuple[Any, ...]) -> tuple[Any, Any, World]:
+        """Engine i's executor after a step (engine_side._carry_out): each load and unload reports its outcome as this
+        world's SGLang gives it (a load fails on an engine of `load_fails`, an unload fails once on one of
+        `unload_fails`), each a step of the table whose row's effects run next; the call's answer is the last row's
+        result."""
+        queue = list(effects)
+        name = f"E{i}"
+        while queue:
+            effect = queue.pop(0)
+            unload_fails = isinstance(effect, PhysicalUnload) and name in w.unload_fails
+            outcome = outcome_of(effect, load_fails=name in w.load_fails, unload_fails=unload_fails)
+            if outcome is None:
+                continue
+            if unload_fails:
+                w = attrs.evolve(w, unload_fails=w.unload_fails - {name})
+            engine, result, more = self._engine_step(engine, outcome)
+            queue[:0] = more
+        return engine, result, w
 
     def _fire(self, state: Any, event: Any) -> tuple[Any, Any, tuple[Any, ...]]:
         got = self._fired.get((state, event))
@@ -1005,25 +1082,28 @@ class DriverSystem:
                           "bucket": lambda: ReceiveBucket(name, token, inc, command.index),
                           "end": lambda: EndStaging(name, token, inc, command.engine not in w.bad_manifests)
                           }[command.call.op]()
-            engine, result, _ = self._engine_step(engine, event)
+            engine, result, w = self._carried_out(w, i, *self._engine_step(engine, event))
             if isinstance(result, Rejected):
                 outcome: Any = Refusal(command.call, str(result.reason))
             else:
                 outcome = Answer(command.call, Receipt(engine.incarnation, order.digest)
                                  if command.call.op == "end" else None)
         elif isinstance(command, CleanupEngine):
-            engine, result, _ = self._engine_step(engine, CleanupAttempt(command.lora_name, command.attempt_token))
+            engine, result, w = self._carried_out(
+                w, i, *self._engine_step(engine, CleanupAttempt(command.lora_name, command.attempt_token)))
             rejected = isinstance(result, Rejected)
             outcome = Refusal(command.call, str(result.reason)) if rejected else Answer(command.call)
         else:
             assert isinstance(command, ReclaimEngine)
-            engine, result, _ = self._engine_step(engine, ReclaimAdapter(command.lora_name, command.reclaim_id))
+            engine, result, w = self._carried_out(
+                w, i, *self._engine_step(engine, ReclaimAdapter(command.lora_name, command.reclaim_id)))
             if isinstance(result, Rejected):
                 outcome = Refusal(command.call, str(result.reason))
             else:
                 adapter = engine.adapters.get(command.lora_name)
                 if adapter is not None and adapter.state is AdapterState.UNREGISTERED:
-                    engine, _, _ = self._engine_step(engine, FinishUnload(command.lora_name, command.reclaim_id))
+                    engine, _, w = self._carried_out(
+                        w, i, *self._engine_step(engine, FinishUnload(command.lora_name, command.reclaim_id)))
                 adapter = engine.adapters.get(command.lora_name)
                 outcome = Answer(command.call, adapter is not None and adapter.state is AdapterState.UNLOADED)
         engines = (*w.engines[:i], engine, *w.engines[i + 1:])
@@ -1045,7 +1125,7 @@ class DriverSystem:
         outcome: Any = Answer(command.call, True)
         for party, event in steps:
             if party == "engine":
-                after, result, _ = self._engine_step(engine, event)
+                after, result, w = self._carried_out(w, i, *self._engine_step(engine, event))
             else:
                 after, result, _ = self._step(registry, event)
             if isinstance(result, Rejected):
@@ -1090,8 +1170,8 @@ class DriverSystem:
         if not isinstance(result, Rejected):
             for cleanup in (e for e in effects if isinstance(e, CleanupOnEngine)):
                 i = engine_index(cleanup.engine)
-                engines[i], cleaned, _ = self._engine_step(engines[i], CleanupAttempt(cleanup.lora_name,
-                                                                                      cleanup.attempt_token))
+                engines[i], cleaned, w = self._carried_out(w, i, *self._engine_step(
+                    engines[i], CleanupAttempt(cleanup.lora_name, cleanup.attempt_token)))
                 if not isinstance(cleaned, Rejected):
                     registry, _, _ = self._step(registry, RecordCleaned(a.version, a.attempt_token, cleanup.engine))
         clean = registry.versions[a.version].state is VersionState.FAILED_CLEAN
@@ -1113,6 +1193,12 @@ class DriverSystem:
                 broken = ("rep", Refusal(payload.call, BROKEN_PORT))
                 yield f"break {payload}", attrs.evolve(base, net=_sorted((*base.net, broken)),
                                                        budget=attrs.evolve(b, breaks=b.breaks - 1))
+            if kind == "sglang":  # what SGLang did with an engine's effect, reported after the call that commanded it
+                i, outcome = payload  # (a load slower than the `end` that started it): a step of that engine's table
+                engine, _, served = self._carried_out(base, i, *self._engine_step(base.engines[i], outcome))
+                yield f"sglang E{i} {outcome}", attrs.evolve(
+                    served, engines=(*served.engines[:i], engine, *served.engines[i + 1:]))
+                continue
             if kind == "rep":
                 yield f"deliver {payload}", self._feed(base, payload)[0]
             else:
@@ -1681,7 +1767,8 @@ def _prepared(w: World, d: StageState, engine: str) -> bool:
 def _fault_free(w: World, start: World) -> bool:
     """No fault was spent, no request held an engine (it may never end), and no other process was calling."""
     spent = attrs.evolve(w.budget, releases=0) != attrs.evolve(start.budget, releases=0)
-    return not spent and not start.requests and not start.net and not w.crowded
+    return not spent and not start.requests and not start.net and not w.crowded and not start.load_fails \
+        and not start.unload_fails
 
 
 @attrs.frozen
@@ -2005,6 +2092,10 @@ CORE_ROWS_NOT_REACHED = frozenset({
     "cleanup.unstarted", "cleanup.other_attempt", "cleanup.reclaimed", "release.duplicate",
     "reclaim.forged", "reclaim.staging", "unload.forged", "unload.in_use", "unload.replay", "unload.not_reclaiming",
     "started.stale",
+    # issue 41's outcome rows that no call of these worlds makes: a second end while the first one's load runs, a
+    # begin while an attempt is undone, a reclaim meeting a running load, and outcomes no effect of a row awaits
+    "end.loading", "begin.while_cleaning", "reclaim.settling", "loaded.other_attempt", "loaded.unawaited",
+    "load_failed.other_attempt", "load_failed.unawaited", "unloaded.unawaited", "unload_failed.unawaited",
 })
 
 

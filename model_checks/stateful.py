@@ -29,6 +29,7 @@ import attrs
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
+from model_checks.drivers import outcome_of
 from model_checks.scenarios import BUCKETS, ENGINES, SCENARIOS, SESSIONS, VERSIONS
 from model_checks.step_properties import engine_step_problems, registry_step_problems
 from versioned_lora.lifecycle import (
@@ -143,7 +144,11 @@ def build_machine(core: Core = CORE, firings: Firings | None = None) -> type[Rul
             self._options: dict[str, list[tuple[str | None, tuple[Any, ...]]]] | None = None
             for make in steps[:prefix]:
                 where, event = make(self)
-                self.fire(where, event, counts.scripted)
+                queue = list(self.fire(where, event, counts.scripted))
+                while where is not None and queue:  # the scripts' loads and unloads succeed (issue 41: their
+                    outcome = outcome_of(queue.pop(0))  # outcomes are inputs, stepped like any other)
+                    if outcome is not None:
+                        queue[:0] = self.fire(where, outcome, counts.scripted)
 
         def options(self) -> dict[str, list[tuple[str | None, tuple[Any, ...]]]]:
             """row id -> the candidate events that fire it now, grouped by where they go (None for the
@@ -169,7 +174,7 @@ def build_machine(core: Core = CORE, firings: Firings | None = None) -> type[Rul
                 index -= len(events)
             raise AssertionError("unreachable: index drawn within the total")
 
-        def fire(self, where: str | None, event: Any, fired: Counter[str]) -> None:
+        def fire(self, where: str | None, event: Any, fired: Counter[str]) -> tuple[Any, ...]:
             self._options = None
             if where is None:
                 before: Any = self.registry
@@ -184,6 +189,7 @@ def build_machine(core: Core = CORE, firings: Firings | None = None) -> type[Rul
             fired[f.row.id] += 1
             if problems:
                 raise PropertyViolation(f"{event!r} via {f.row.id}: " + "; ".join(problems))
+            return tuple(f.effects)
 
         @precondition(lambda self: "<no row>" in self.options())
         @rule(data=st.data())

@@ -33,9 +33,18 @@ from versioned_lora.spec.model import OCCUPYING_STATES, EngineAdapterState, Regi
 from versioned_lora.spec.states import AdapterState, PlacementState, SessionState, VersionState
 
 # Physically present in SGLang (weights loaded): what an unload must end and only an unload ends.
-_LOADED = frozenset({AdapterState.READY, AdapterState.UNREGISTERED, AdapterState.DRAINING})
-_GONE = frozenset({AdapterState.CLEANED, AdapterState.UNLOADED, AdapterState.ABSENT})
-_RECLAIMED_ADAPTER = frozenset({AdapterState.UNREGISTERED, AdapterState.DRAINING, AdapterState.UNLOADED})
+# The stash is held from begin until the load that reads it is over (issue 41: freed by the load's outcome).
+_STASHED = frozenset({AdapterState.STAGING, AdapterState.LOADING, AdapterState.CANCELLING})
+# A physical unload runs (its outcome not known yet) in these.
+_UNLOADING = frozenset({AdapterState.CLEANING, AdapterState.UNLOADING})
+# SGLang serves the name (registered) in these: leaving one for an unload or a drain unregisters it.
+_REGISTERED = frozenset({AdapterState.READY, AdapterState.CANCELLING})
+_UNREGISTERED = frozenset({AdapterState.CLEANING, AdapterState.UNREGISTERED, AdapterState.DRAINING})
+_RECLAIMED_ADAPTER = frozenset({AdapterState.UNREGISTERED, AdapterState.DRAINING, AdapterState.UNLOADING,
+                                AdapterState.UNLOAD_FAILED, AdapterState.UNLOADED})
+# Inputs that report what SGLang did with an effect: the call happened, so a refusal they answer (to the call that
+# commanded it) may still move the machine.
+_OUTCOMES = (ev.LoadDone, ev.LoadFailed, ev.UnloadDone, ev.UnloadFailed)
 _CLEANUP_PLACEMENTS = frozenset({PlacementState.CLEANING, PlacementState.CLEANED})
 _ABORTED_VERSIONS = frozenset({VersionState.ABORTED, VersionState.FAILED_CLEAN})
 
@@ -176,8 +185,11 @@ def engine_step_problems(before: EngineAdapterState, event: Any, after: EngineAd
     a = after.adapters.get(name)
     was = AdapterState.ABSENT if b is None else b.state
     now = AdapterState.ABSENT if a is None else a.state
-    # A refusal changes nothing, except that a transfer refused at `end` is dropped (CLEANED), never kept.
-    if isinstance(result, Rejected) and after != before and now is not AdapterState.CLEANED:
+    # A refusal changes nothing, except that a transfer refused at `end` is dropped (CLEANED), never kept; an outcome
+    # reports what already happened; and a cleanup refused while the load runs marks that load for undoing.
+    undo = isinstance(event, ev.CleanupAttempt) and now is AdapterState.CANCELLING
+    if isinstance(result, Rejected) and after != before and now is not AdapterState.CLEANED \
+            and not isinstance(event, _OUTCOMES) and not undo:
         problems.append(f"property refusal_changes_nothing: {event!r} was refused ({result.reason}) but moved "
                         f"the adapter {was}->{now}")
 
@@ -188,13 +200,26 @@ def engine_step_problems(before: EngineAdapterState, event: Any, after: EngineAd
                             f"{kind.__name__}")
 
     expect(now is AdapterState.STAGING and was is not AdapterState.STAGING, AllocateStash, "stash_iff_staging_starts")
-    expect(was is AdapterState.STAGING and now is not AdapterState.STAGING, FreeStash, "stash_freed_iff_staging_ends")
+    expect(was in _STASHED and now not in _STASHED, FreeStash, "stash_freed_iff_its_load_is_over")
     received = (a.buckets_received if a else 0) - (b.buckets_received if b else 0)
     expect(now is AdapterState.STAGING and was is AdapterState.STAGING and received > 0, StashBucket,
            "bucket_counted_iff_stashed")
-    expect(now is AdapterState.READY and was is not AdapterState.READY, LoadPinned, "load_iff_ready")
-    expect(was in _LOADED and now in _GONE, PhysicalUnload, "unload_iff_loaded_weights_go")
-    expect(was is AdapterState.READY and now is not AdapterState.READY, Unregister, "unregister_iff_leaving_ready")
+    expect(now is AdapterState.LOADING and was is not AdapterState.LOADING, LoadPinned, "load_iff_loading")
+    expect(now in _UNLOADING and was not in _UNLOADING, PhysicalUnload, "unload_iff_unloading_starts")
+    expect(was in _REGISTERED and now in _UNREGISTERED, Unregister, "unregister_iff_leaving_service")
+    # What SGLang did decides, nothing else: a load that finished is served or undone, a failed one leaves nothing;
+    # an unload that finished frees the slot, a failed one keeps it (UNLOAD_FAILED) until a resent call retries it.
+    if isinstance(event, ev.LoadDone) and was is AdapterState.LOADING and b is not None \
+            and event.attempt_token == b.attempt_token and now is not AdapterState.READY:
+        problems.append(f"property loaded_is_served: {event!r} left {now}")
+    if isinstance(event, ev.LoadDone) and was is AdapterState.CANCELLING and b is not None \
+            and event.attempt_token == b.attempt_token and now is not AdapterState.CLEANING:
+        problems.append(f"property load_after_cleanup_is_undone: {event!r} left {now}")
+    if isinstance(event, ev.LoadFailed) and was in (AdapterState.LOADING, AdapterState.CANCELLING) and b is not None \
+            and event.attempt_token == b.attempt_token and now is not AdapterState.CLEANED:
+        problems.append(f"property failed_load_is_clean: {event!r} left {now}")
+    if isinstance(event, ev.UnloadFailed) and was in _UNLOADING and now is not AdapterState.UNLOAD_FAILED:
+        problems.append(f"property failed_unload_stays_accounted: {event!r} left {now}")
     # Unload and its receipt are idempotent *per reclaim id*: another id gets no receipt, no unload.
     forged = (isinstance(event, ev.ReclaimAdapter | ev.FinishUnload) and was in _RECLAIMED_ADAPTER
               and b is not None and event.reclaim_id != b.reclaim_id)
@@ -327,7 +352,7 @@ def engine_acceptance_problems(before: EngineAdapterState, event: Any, after: En
         what, ok = "next_bucket_counted", a is not None and a.buckets_received == b.buckets_received + 1
     elif isinstance(event, ev.EndStaging) and current and live and event.manifest_ok and was is AdapterState.STAGING \
             and b is not None and b.buckets_received == b.bucket_count:
-        what, ok = "complete_verified_end_loads", now is AdapterState.READY
+        what, ok = "complete_verified_end_loads", now is AdapterState.LOADING
     elif isinstance(event, ev.AcquireRequest) and was is AdapterState.READY:
         what, ok = "ready_adapter_serves", a is not None and a.native_refs == b.native_refs + 1  # type: ignore[union-attr]
     elif isinstance(event, ev.ReleaseRequest) and b is not None and b.native_refs > 0:
@@ -336,7 +361,7 @@ def engine_acceptance_problems(before: EngineAdapterState, event: Any, after: En
         what, ok = "reclaim_unregisters", now in (AdapterState.UNREGISTERED, AdapterState.DRAINING)
     elif isinstance(event, ev.FinishUnload) and was is AdapterState.UNREGISTERED and b is not None \
             and event.reclaim_id == b.reclaim_id:
-        what, ok = "drained_adapter_unloads", now is AdapterState.UNLOADED
+        what, ok = "drained_adapter_unloads", now is AdapterState.UNLOADING
     elif isinstance(event, ev.CleanupAttempt) and (was is AdapterState.ABSENT
                                                    or (live and was is AdapterState.STAGING)):
         what, ok = "cleanup_cleans", now is AdapterState.CLEANED
@@ -406,8 +431,9 @@ def engine_refusal_problems(before: EngineAdapterState, event: Any, after: Engin
     stale = getattr(event, "incarnation", before.incarnation) != before.incarnation
     if stale and not (isinstance(result, Rejected) and after == before):
         problems.append(f"property older_incarnation_refused: {event!r} answered {result!r}")
-    other_attempt = (isinstance(event, ev.ReceiveBucket | ev.EndStaging | ev.CleanupAttempt) and b is not None
-                     and b.state in (AdapterState.STAGING, AdapterState.READY)
+    other_attempt = (isinstance(event, ev.ReceiveBucket | ev.EndStaging | ev.CleanupAttempt | ev.LoadDone
+                                | ev.LoadFailed) and b is not None
+                     and b.state in (AdapterState.STAGING, AdapterState.LOADING, AdapterState.READY)
                      and event.attempt_token != b.attempt_token)
     if other_attempt and not (isinstance(result, Rejected) and after == before):
         # stale tokens are rejected and never revive, load or clean anything (DESIGN §2)
@@ -422,12 +448,13 @@ def engine_refusal_problems(before: EngineAdapterState, event: Any, after: Engin
     into_cleaned = a is not None and a.state is AdapterState.CLEANED and (
         b is None or b.state is not AdapterState.CLEANED
         or (isinstance(event, ev.CleanupAttempt) and not isinstance(result, Rejected)))
-    ended = isinstance(event, ev.CleanupAttempt | ev.EndStaging) and into_cleaned
+    ended = isinstance(event, ev.CleanupAttempt | ev.EndStaging | ev.LoadFailed) and into_cleaned
     if ended and event.attempt_token not in a.cleaned_attempts:  # type: ignore[union-attr]
         problems.append(f"property cleaned_attempt_remembered: {event!r} left the adapter CLEANED without "
                         "remembering the attempt (a late begin could recreate it)")
     replay = (isinstance(event, ev.BeginStaging) and not stale and b is not None
-              and b.state in (AdapterState.STAGING, AdapterState.READY) and event.attempt_token == b.attempt_token)
+              and b.state in (AdapterState.STAGING, AdapterState.LOADING, AdapterState.READY)
+              and event.attempt_token == b.attempt_token)
     if replay and (isinstance(result, Rejected) or after != before):
         problems.append(f"property duplicate_begin_is_idempotent: {event!r} answered {result!r}")
     if isinstance(event, ev.BeginStaging) and not stale and a is not None and a.state is AdapterState.STAGING \

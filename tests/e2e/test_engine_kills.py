@@ -11,7 +11,8 @@ READY on both, the commit not sent; after_commit: committed, no session bound to
 DRAINING A under a native reference. Inside one engine call the hold is in the engine patch
 (`managed/hold_points.py`, `EngineHold`; the suite's engines are started with it, any other engine refuses to
 arm one): load: `end` verified the stash, SGLang's load not begun; probe: B loaded pinned, its probe not sent;
-unload: A drained and UNLOADED in the table, SGLang's physical unload not asked for.
+unload: A drained and UNLOADING in the table (issue 41: UNLOADED only once SGLang's unload succeeded), SGLang's
+physical unload not asked for.
 
 After each kill: the old default serves on the surviving engine with unchanged numbers; nothing is unloaded while
 a session or an engine request holds it; the restarted engine's new incarnation is adopted by the registry and
@@ -371,7 +372,7 @@ def test_engine_killed_during_the_physical_unload_unloads_nothing_twice_and_reco
     engines, fixtures, tmp_path, no_kill_states
 ) -> None:
     """The kill lands inside E1's reclaim call: A drained (no request holds it) and the table moved it to
-    UNLOADED, SGLang's physical unload not yet asked for (the `unload` hold point). E0 unloads A exactly once;
+    UNLOADING, SGLang's physical unload not yet asked for (the `unload` hold point). E0 unloads A exactly once;
     E1's new incarnation never held A; the same claim finishes there."""
 
     async def body() -> dict[str, Any]:
@@ -394,7 +395,7 @@ def test_engine_killed_during_the_physical_unload_unloads_nothing_twice_and_reco
             await asyncio.wait_for(hold.reached.wait(), 180)
 
             on_e1 = await _engine_view(d, "E1", a.lora_name)
-            assert on_e1 is not None and (on_e1["state"], on_e1["native_refcount"]) == ("UNLOADED", 0), on_e1
+            assert on_e1 is not None and (on_e1["state"], on_e1["native_refcount"]) == ("UNLOADING", 0), on_e1
             assert await d.clients["E1"].adapter(a.lora_name) is None  # unregistered: no request can name it
             assert unloads(await d.audit())["E1"] == before["E1"]  # the physical unload not asked for yet
             engines.e1.kill_hard()

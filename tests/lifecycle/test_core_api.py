@@ -192,7 +192,7 @@ def test_engine_checking_reports_unload_while_referenced() -> None:
     text = "; ".join(problems)
     assert "unloads a while it is referenced" in text
     assert "engine invariant" in text and "engine step invariant nothing_unloaded_while_referenced" in text
-    assert "targets READY but the adapter is UNLOADED" in text
+    assert "targets LOADING but the adapter is UNLOADED" in text
     assert "engine" in engine_changed_fields(before, attrs.evolve(before, engine="E1"))
     gone = attrs.evolve(before, adapters=Map())
     assert "adapter.state" in engine_changed_fields(before, gone)

@@ -25,6 +25,7 @@ from versioned_lora.lifecycle import (
     EndStaging,
     FinishUnload,
     FreeStash,
+    LoadDone,
     LoadPinned,
     OpenSession,
     PhysicalUnload,
@@ -47,6 +48,7 @@ from versioned_lora.lifecycle import (
     SessionState,
     StageOnEngine,
     StashBucket,
+    UnloadDone,
     Unregister,
     VersionKey,
     VersionState,
@@ -253,9 +255,13 @@ def test_cleanup_during_staging_frees_stash_and_after_ready_unloads_once() -> No
     engine(BeginStaging("b", "t2", 0, "d", 1))  # a fresh attempt of the same name after cleanup
     engine(ReceiveBucket("b", "t2", 0, 0))
     engine(EndStaging("b", "t2", 0, True))
-    assert engine.effects == (LoadPinned("b", "t2"), FreeStash("b", "t2"))
+    assert engine.effects == (LoadPinned("b", "t2"),)  # the stash is freed once the load that reads it is over
+    engine(LoadDone("b", "t2"))
+    assert engine.row == "loaded.ready" and engine.effects == (FreeStash("b", "t2"),)
     engine(CleanupAttempt("b", "t2"))
     assert engine.effects == (Unregister("b"), PhysicalUnload("b"))
+    engine(UnloadDone("b"))
+    assert engine.row == "unloaded.cleaned" and engine.state.adapters["b"].state is AdapterState.CLEANED
     engine(CleanupAttempt("b", "t2"))
     assert engine.row == "cleanup.replay" and engine.effects == ()
 
@@ -309,6 +315,7 @@ def test_native_refcount_release_exactly_once() -> None:
     engine = Engine("E0")
     engine(BeginStaging("a", "t", 0, "d", 0))
     engine(EndStaging("a", "t", 0, True))
+    engine(LoadDone("a", "t"))
     engine(AcquireRequest("a"))  # r1
     engine(AcquireRequest("a"))  # r2
     engine(ReleaseRequest("a"))  # r1 ends with a 500/503
@@ -322,6 +329,7 @@ def test_session_refs_zero_but_engine_refs_keep_a_pinned() -> None:
     engine = Engine("E0")
     engine(BeginStaging("a", "t", 0, "d", 0))
     engine(EndStaging("a", "t", 0, True))
+    engine(LoadDone("a", "t"))
     engine(AcquireRequest("a"))
     engine(ReclaimAdapter("a", "rid"))
     assert engine.state.adapters["a"].state is AdapterState.DRAINING
@@ -331,6 +339,7 @@ def test_session_refs_zero_but_engine_refs_keep_a_pinned() -> None:
     assert engine.state.adapters["a"].state is AdapterState.UNREGISTERED
     engine(FinishUnload("a", "rid"))
     assert engine.effects == (PhysicalUnload("a"),)
+    engine(UnloadDone("a"))
     engine(FinishUnload("a", "rid"))
     assert engine.row == "unload.replay" and engine.effects == ()
 
@@ -379,6 +388,7 @@ def test_repeated_reclaim_and_late_receipt() -> None:
     engine = Engine("E0")
     engine(BeginStaging(name, "t", 0, "d", 0))
     engine(EndStaging(name, "t", 0, True))
+    engine(LoadDone(name, "t"))
     unloads = 0
     for event in (
         ReclaimAdapter(name, claimed.reclaim_id),
@@ -388,7 +398,10 @@ def test_repeated_reclaim_and_late_receipt() -> None:
         FinishUnload(name, claimed.reclaim_id),
     ):
         engine(event)
-        unloads += sum(isinstance(e, PhysicalUnload) for e in engine.effects)
+        unloading = sum(isinstance(e, PhysicalUnload) for e in engine.effects)
+        unloads += unloading
+        if unloading:
+            engine(UnloadDone(name))
     assert unloads == 1
     assert refused(engine(ReclaimAdapter(name, "reclaim@forged")), Reason.NOT_RECLAIMABLE)
 

@@ -107,8 +107,9 @@ def test_registry_and_engine_metrics_after_a_publication_and_a_reclaim(metrics_e
             after = samples((await http.get(engine_metrics)).text, "versioned_lora_engine_")
             by_state = {dict(labels)["state"]: value for (name, labels), value in after.items()
                         if name == "versioned_lora_engine_managed_adapters"}
-            assert by_state == {"ABSENT": 0, "STAGING": 0, "READY": 1, "UNREGISTERED": 0, "DRAINING": 0,
-                                "UNLOADED": 1, "CLEANED": 0}
+            assert by_state == {"ABSENT": 0, "STAGING": 0, "LOADING": 0, "CANCELLING": 0, "READY": 1, "CLEANING": 0,
+                                "UNREGISTERED": 0, "DRAINING": 0, "UNLOADING": 0, "UNLOAD_FAILED": 0, "UNLOADED": 1,
+                                "CLEANED": 0}
             refs = {dict(labels)["version"]: value for (name, labels), value in after.items()
                     if name == "versioned_lora_engine_native_refcount"}
             assert refs == {"B": 0}

@@ -68,3 +68,21 @@ def test_the_fail_request_fault_fails_one_request_naming_its_version() -> None:
     assert not isinstance(failed.value, ValueError)  # SGLang answers a ValueError 400, anything else 500
     holds.fail_request(NAME)  # once
     assert holds.status()["armed"] == {}
+
+
+def test_the_injected_engine_faults_fail_their_name_until_released(monkeypatch: pytest.MonkeyPatch) -> None:
+    """managed/faults.py (issue 41): `fail_load` and `fail_unload` fire for their exact name on every call until
+    released, and never on an engine started without hold points."""
+    from versioned_lora.sglang_patches.managed import faults, hold_points
+
+    monkeypatch.setattr(hold_points, "HOLDS", HoldPoints(enabled=False))
+    assert not faults.trip(faults.FAIL_LOAD, NAME)
+    with pytest.raises(BadRequest):
+        hold_points.HOLDS.arm(faults.FAIL_LOAD, NAME)
+    monkeypatch.setattr(hold_points, "HOLDS", HoldPoints(enabled=True))
+    hold_points.HOLDS.arm(faults.FAIL_UNLOAD, NAME)
+    assert not faults.trip(faults.FAIL_UNLOAD, OTHER) and not faults.trip(faults.FAIL_LOAD, NAME)
+    assert faults.trip(faults.FAIL_UNLOAD, NAME) and faults.trip(faults.FAIL_UNLOAD, NAME)  # every call, a retry too
+    hold_points.HOLDS.release(faults.FAIL_UNLOAD)
+    assert not faults.trip(faults.FAIL_UNLOAD, NAME)
+    assert set(faults.ENGINE_FAULTS) <= set(hold_points.points())  # armed through the same test endpoint

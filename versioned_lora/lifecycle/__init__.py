@@ -120,6 +120,8 @@ from versioned_lora.spec.events import (
     EngineStarted,
     ExpireLease,
     FinishUnload,
+    LoadDone,
+    LoadFailed,
     OpenSession,
     ReceiveBucket,
     ReclaimAdapter,
@@ -133,6 +135,8 @@ from versioned_lora.spec.events import (
     RenewLease,
     Reserve,
     TakeOverLease,
+    UnloadDone,
+    UnloadFailed,
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey, lora_name, reclaim_id
 from versioned_lora.spec.model import (
@@ -194,6 +198,8 @@ __all__ = [
     "LeaseGranted",
     "LeaseState",
     "LeaseStatus",
+    "LoadDone",
+    "LoadFailed",
     "LoadPinned",
     "ManagedAdapter",
     "OpenSession",
@@ -235,6 +241,8 @@ __all__ = [
     "StageOnEngine",
     "StashBucket",
     "TakeOverLease",
+    "UnloadDone",
+    "UnloadFailed",
     "Unregister",
     "Version",
     "VersionKey",

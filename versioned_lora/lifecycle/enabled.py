@@ -32,6 +32,8 @@ from versioned_lora.spec.events import (
     EngineStarted,
     ExpireLease,
     FinishUnload,
+    LoadDone,
+    LoadFailed,
     OpenSession,
     ReceiveBucket,
     ReclaimAdapter,
@@ -45,6 +47,8 @@ from versioned_lora.spec.events import (
     RenewLease,
     Reserve,
     TakeOverLease,
+    UnloadDone,
+    UnloadFailed,
 )
 from versioned_lora.spec.identities import SessionKey, VersionKey, reclaim_id
 from versioned_lora.spec.model import EngineAdapterState, RegistryState
@@ -208,7 +212,11 @@ def _engine_candidates(s: EngineAdapterState, domain: EngineEventDomain) -> Iter
                 yield EndStaging(name, token, incarnation, True)
                 yield EndStaging(name, token, incarnation, False)
             yield CleanupAttempt(name, token)
+            yield LoadDone(name, token)
+            yield LoadFailed(name, token)
         yield AcquireRequest(name)
+        yield UnloadDone(name)
+        yield UnloadFailed(name)
         yield ReleaseRequest(name)
         for rid in domain.reclaim_ids:
             yield ReclaimAdapter(name, rid)

@@ -28,9 +28,13 @@ from versioned_lora.spec.events import (
     EndStaging,
     EngineStarted,
     FinishUnload,
+    LoadDone,
+    LoadFailed,
     ReceiveBucket,
     ReclaimAdapter,
     ReleaseRequest,
+    UnloadDone,
+    UnloadFailed,
 )
 from versioned_lora.spec.model import EngineAdapterState, ManagedAdapter
 from versioned_lora.spec.states import AdapterState, Machine, ProcessState
@@ -44,6 +48,10 @@ AdapterEvent = (
     | ReleaseRequest
     | ReclaimAdapter
     | FinishUnload
+    | LoadDone
+    | LoadFailed
+    | UnloadDone
+    | UnloadFailed
 )
 _ABSENT = ManagedAdapter(AdapterState.ABSENT)
 
@@ -87,6 +95,10 @@ LOCATORS: dict[type, Callable[[EngineAdapterState, Any], str]] = {
     ReleaseRequest: locate_adapter,
     ReclaimAdapter: locate_adapter,
     FinishUnload: locate_adapter,
+    LoadDone: locate_adapter,
+    LoadFailed: locate_adapter,
+    UnloadDone: locate_adapter,
+    UnloadFailed: locate_adapter,
     EngineStarted: locate_process,
 }
 
@@ -106,7 +118,9 @@ def same_attempt(s: EngineAdapterState, e: BeginStaging) -> bool:
     return s.adapters[e.lora_name].attempt_token == e.attempt_token
 
 
-def adapter_attempt_mismatch(s: EngineAdapterState, e: ReceiveBucket | EndStaging | CleanupAttempt) -> bool:
+def adapter_attempt_mismatch(
+    s: EngineAdapterState, e: ReceiveBucket | EndStaging | CleanupAttempt | LoadDone | LoadFailed
+) -> bool:
     return s.adapters.get(e.lora_name, _ABSENT).attempt_token != e.attempt_token
 
 
@@ -178,7 +192,7 @@ def count_bucket(d: EngineDraft, e: ReceiveBucket) -> None:
     d.put(e.lora_name, attrs.evolve(adapter, buckets_received=adapter.buckets_received + 1))
 
 
-def remember_cleaned_attempt(d: EngineDraft, e: CleanupAttempt | EndStaging) -> None:
+def remember_cleaned_attempt(d: EngineDraft, e: CleanupAttempt | EndStaging | LoadFailed) -> None:
     adapter = d.adapter(e.lora_name)
     d.put(e.lora_name, attrs.evolve(adapter, cleaned_attempts=adapter.cleaned_attempts | {e.attempt_token}))
 
@@ -243,13 +257,15 @@ def load_pinned(b: EngineAdapterState, a: EngineAdapterState, e: EndStaging) -> 
 
 
 def free_stash(
-    b: EngineAdapterState, a: EngineAdapterState, e: EndStaging | CleanupAttempt | ReclaimAdapter
+    b: EngineAdapterState,
+    a: EngineAdapterState,
+    e: EndStaging | CleanupAttempt | ReclaimAdapter | LoadDone | LoadFailed,
 ) -> tuple[EngineEffect, ...]:
     return (FreeStash(e.lora_name, b.adapters[e.lora_name].attempt_token),)
 
 
 def unregister(
-    b: EngineAdapterState, a: EngineAdapterState, e: CleanupAttempt | ReclaimAdapter
+    b: EngineAdapterState, a: EngineAdapterState, e: CleanupAttempt | ReclaimAdapter | LoadDone
 ) -> tuple[EngineEffect, ...]:
     return (Unregister(e.lora_name),)
 
@@ -259,7 +275,7 @@ def await_unload(b: EngineAdapterState, a: EngineAdapterState, e: ReclaimAdapter
 
 
 def physical_unload(
-    b: EngineAdapterState, a: EngineAdapterState, e: CleanupAttempt | FinishUnload
+    b: EngineAdapterState, a: EngineAdapterState, e: CleanupAttempt | FinishUnload | ReclaimAdapter | LoadDone
 ) -> tuple[EngineEffect, ...]:
     return (PhysicalUnload(e.lora_name),)
 
@@ -286,7 +302,7 @@ def adapter_status(b: EngineAdapterState, a: EngineAdapterState, e: AdapterEvent
     )
 
 
-def ready_local(b: EngineAdapterState, a: EngineAdapterState, e: EndStaging, row: str) -> EngineResult:
+def ready_local(b: EngineAdapterState, a: EngineAdapterState, e: EndStaging | LoadDone, row: str) -> EngineResult:
     adapter = a.adapters[e.lora_name]
     assert adapter.digest is not None and adapter.attempt_token is not None
     return ReadyLocal(e.lora_name, adapter.digest, adapter.attempt_token, a.incarnation)

@@ -230,6 +230,42 @@ class FinishUnload:
     reclaim_id: str
 
 
+# ---- engine side: the outcomes of its own effects (issue 41) ----
+# What SGLang answered when the engine carried out an effect that can fail is an input like any other: the executor
+# reports it and a row decides (a failed load frees its stash, a load that finishes after cleanup began is unloaded,
+# a failed unload stays accounted). An executor decides nothing.
+
+
+@attrs.frozen
+class LoadDone:
+    """SGLang's load of this attempt (`LoadPinned`) succeeded: the adapter is registered and pinned there."""
+
+    lora_name: str
+    attempt_token: str
+
+
+@attrs.frozen
+class LoadFailed:
+    """SGLang's load of this attempt (`LoadPinned`) failed: nothing of it is loaded."""
+
+    lora_name: str
+    attempt_token: str
+
+
+@attrs.frozen
+class UnloadDone:
+    """SGLang's physical unload of this name (`PhysicalUnload`) succeeded: its weights and its slot are freed."""
+
+    lora_name: str
+
+
+@attrs.frozen
+class UnloadFailed:
+    """SGLang's physical unload of this name (`PhysicalUnload`) failed: its weights stay loaded and pinned."""
+
+    lora_name: str
+
+
 @attrs.frozen
 class EngineStarted:
     incarnation: int
@@ -265,6 +301,10 @@ EngineEvent = (
     | ReleaseRequest
     | ReclaimAdapter
     | FinishUnload
+    | LoadDone
+    | LoadFailed
+    | UnloadDone
+    | UnloadFailed
     | EngineStarted
 )
 
@@ -297,6 +337,10 @@ EVENT_MACHINE: dict[type, Machine] = {
     ReleaseRequest: Machine.ADAPTER,
     ReclaimAdapter: Machine.ADAPTER,
     FinishUnload: Machine.ADAPTER,
+    LoadDone: Machine.ADAPTER,
+    LoadFailed: Machine.ADAPTER,
+    UnloadDone: Machine.ADAPTER,
+    UnloadFailed: Machine.ADAPTER,
     EngineStarted: Machine.PROCESS,
 }
 EVENT_TYPES: dict[str, type] = {cls.__name__: cls for cls in EVENT_MACHINE}

@@ -329,8 +329,13 @@ def _buckets_within_plan(s: EngineAdapterState) -> bool:
 
 
 def _reclaim_states_carry_reclaim_id(s: EngineAdapterState) -> bool:
-    reclaiming = (AdapterState.UNREGISTERED, AdapterState.DRAINING, AdapterState.UNLOADED)
-    return all((a.reclaim_id is not None) == (a.state in reclaiming) for a in s.adapters.values())
+    # UNLOAD_FAILED is reached from a reclaim (with its id) or from a cleanup (without one).
+    reclaiming = (AdapterState.UNREGISTERED, AdapterState.DRAINING, AdapterState.UNLOADING, AdapterState.UNLOADED)
+    return all(
+        (a.reclaim_id is not None) == (a.state in reclaiming)
+        for a in s.adapters.values()
+        if a.state is not AdapterState.UNLOAD_FAILED
+    )
 
 
 ENGINE_INVARIANTS: tuple[EngineInvariant, ...] = (
@@ -339,7 +344,8 @@ ENGINE_INVARIANTS: tuple[EngineInvariant, ...] = (
     EngineInvariant("draining_iff_referenced", "An unregistered name is DRAINING exactly while refcount > 0.",
                     _draining_iff_referenced),
     EngineInvariant("buckets_within_plan", "Never more buckets than the plan.", _buckets_within_plan),
-    EngineInvariant("reclaim_states_carry_reclaim_id", "UNREGISTERED/DRAINING/UNLOADED carry their reclaim id.",
+    EngineInvariant("reclaim_states_carry_reclaim_id",
+                    "UNREGISTERED/DRAINING/UNLOADING/UNLOADED carry their reclaim id.",
                     _reclaim_states_carry_reclaim_id),
 )  # fmt: skip
 

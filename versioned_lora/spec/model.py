@@ -29,10 +29,12 @@ PENDING_STATES = frozenset({VersionState.LOADING, VersionState.ABORTED})
 DISPATCHABLE_STATES = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 # Sessions in these states hold one session ref on their bound version.
 REF_HOLDING_SESSION_STATES = frozenset({SessionState.BOUND, SessionState.FINALIZING})
-# Engine-side adapters in these states hold (or, staging, will hold) one of the engine's pinned LoRA slots;
-# UNLOADED, CLEANED and ABSENT hold none.
+# Engine-side adapters in these states hold (or, staging and loading, will hold) one of the engine's pinned LoRA
+# slots; UNLOADED, CLEANED and ABSENT hold none. A load or an unload whose outcome is not known, and an unload that
+# failed, keep the slot: SGLang may hold (or still holds) the weights.
 SLOT_HOLDING_ADAPTER_STATES = frozenset(
-    {AdapterState.STAGING, AdapterState.READY, AdapterState.UNREGISTERED, AdapterState.DRAINING}
+    {AdapterState.STAGING, AdapterState.LOADING, AdapterState.CANCELLING, AdapterState.READY, AdapterState.CLEANING,
+     AdapterState.UNREGISTERED, AdapterState.DRAINING, AdapterState.UNLOADING, AdapterState.UNLOAD_FAILED}
 )
 
 

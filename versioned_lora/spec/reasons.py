@@ -24,4 +24,6 @@ class Reason(StrEnum):
     INCOMPLETE_TRANSFER = "INCOMPLETE_TRANSFER"  # engine side: end before every bucket arrived
     MANIFEST_MISMATCH = "MANIFEST_MISMATCH"  # engine side: the received weights do not match the manifest
     BAD_BUCKET = "BAD_BUCKET"  # engine side: a bucket out of order or out of range
-    IN_USE = "IN_USE"  # engine side: native refcount > 0, nothing may be unloaded yet
+    IN_USE = "IN_USE"  # engine side: native refcount > 0, or a load of the name still runs: ask again later
+    LOAD_FAILED = "LOAD_FAILED"  # engine side: SGLang's load failed; the stash is freed, the attempt cleaned there
+    UNLOAD_FAILED = "UNLOAD_FAILED"  # engine side: SGLang's unload failed; still loaded and accounted, retried

@@ -94,9 +94,14 @@ class LeaseState(StrEnum):
 class AdapterState(StrEnum):
     ABSENT = "ABSENT"
     STAGING = "STAGING"
+    LOADING = "LOADING"  # verified; SGLang's load of the stash runs, its outcome not known yet
+    CANCELLING = "CANCELLING"  # a cleanup came while the load ran: whatever the load gives is undone
     READY = "READY"  # loaded and pinned
+    CLEANING = "CLEANING"  # a cleaned candidate's physical unload runs, its outcome not known yet
     UNREGISTERED = "UNREGISTERED"  # new requests fail; native refcount is 0, physical unload pending
     DRAINING = "DRAINING"  # unregistered, native refcount > 0
+    UNLOADING = "UNLOADING"  # a reclaim's physical unload runs, its outcome not known yet
+    UNLOAD_FAILED = "UNLOAD_FAILED"  # SGLang's unload failed: still loaded and pinned; a resent call retries it
     UNLOADED = "UNLOADED"
     CLEANED = "CLEANED"
 

@@ -103,8 +103,6 @@ class EngineRefusal(StrEnum):
     BUCKET_DEADLINE = "BUCKET_DEADLINE"  # 504: a bucket's bytes did not arrive in time
     BUCKET_FAILED = "BUCKET_FAILED"  # 502: a bucket's collective failed
     STASH_NOT_VERIFIED = "STASH_NOT_VERIFIED"  # a stash load of an attempt whose stash was not verified
-    LOAD_FAILED = "LOAD_FAILED"  # SGLang's load answered failure
-    UNLOAD_FAILED = "UNLOAD_FAILED"  # SGLang's unload answered failure
     SCHEDULER_CALL_FAILED = "SCHEDULER_CALL_FAILED"  # 500: the staging channel to the scheduler failed
     INTERNAL_ERROR = "INTERNAL_ERROR"  # 500: anything else; the engine keeps serving
 

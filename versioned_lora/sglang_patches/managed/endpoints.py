@@ -28,7 +28,6 @@ from versioned_lora.adapters.transfer import BucketPlan, TransferError
 from versioned_lora.sglang_patches.managed import audit, fields, metrics, staging_channel
 from versioned_lora.sglang_patches.managed.engine_side import (
     CandidateRefused,
-    EngineOperationError,
     ManagedEngine,
     ProtocolRefusal,
 )
@@ -391,8 +390,6 @@ def install(app: Any, engine: ManagedEngine) -> None:
                                                        "message": str(exc)})
             except CandidateRefused as exc:
                 return refusal(request.url.path, 422, {"reason": exc.code, "message": str(exc)})
-            except EngineOperationError as exc:
-                return refusal(request.url.path, 500, {"reason": exc.code, "message": str(exc)})
             except StagingFailed as exc:
                 return refusal(request.url.path, 504 if exc.code == EngineRefusal.BUCKET_DEADLINE else 502,
                                {"reason": exc.code, "message": str(exc)})

@@ -8,6 +8,11 @@ No state changes here except through `engine_step`; this module only performs I/
 Everything runs on the server's single asyncio loop. A step is synchronous, so reading the state
 and stepping it cannot interleave with another coroutine; the awaits happen only while carrying out
 effects, and each effect is idempotent per attempt token or reclaim id.
+
+What SGLang does with an effect that can fail is not decided here (issue 41): a load reports `LoadDone` or
+`LoadFailed`, a physical unload `UnloadDone` or `UnloadFailed`, as inputs of the table, and the row each fires
+says what follows (its effects run next, in the row's order). Every effect of a row runs, whatever an earlier one
+did; a call is answered with the result of the last row it fired.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from versioned_lora.lifecycle.effects import (
     Unregister,
 )
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.sglang_patches.managed import audit, hold_points
+from versioned_lora.sglang_patches.managed import audit, faults, hold_points
 from versioned_lora.sglang_patches.managed.staging import StagingSource, StockLoads
 from versioned_lora.spec.events import (
     AcquireRequest,
@@ -41,11 +46,17 @@ from versioned_lora.spec.events import (
     EndStaging,
     EngineEvent,
     FinishUnload,
+    LoadDone,
+    LoadFailed,
     ReceiveBucket,
     ReclaimAdapter,
     ReleaseRequest,
+    UnloadDone,
+    UnloadFailed,
 )
 from versioned_lora.spec.model import SLOT_HOLDING_ADAPTER_STATES, ManagedAdapter
+from versioned_lora.spec.reasons import Reason
+from versioned_lora.spec.states import AdapterState
 from versioned_lora.spec.wire import EngineRefusal
 
 logger = logging.getLogger(__name__)
@@ -61,14 +72,6 @@ class ProtocolRefusal(Exception):
     def __init__(self, rejected: Rejected, detail: str = "") -> None:
         super().__init__(f"{rejected.reason}: {detail or rejected.row}")
         self.rejected = rejected
-
-
-class EngineOperationError(Exception):
-    """SGLang failed an operation the protocol asked for (a load or unload); typed for the caller."""
-
-    def __init__(self, code: EngineRefusal, message: str) -> None:
-        super().__init__(f"{code}: {message}")
-        self.code = code
 
 
 class CandidateRefused(Exception):
@@ -102,6 +105,8 @@ class ManagedEngine:
         self.sources: dict[tuple[str, str], StagingSource] = {}
         self._reclaims: dict[str, asyncio.Task[None]] = {}
         self.reclaim_receipts: dict[str, dict[str, Any]] = {}
+        # What SGLang said when a load or a physical unload failed (the refusal's message, the status view).
+        self.errors: dict[str, str] = {}
 
     # ---------------------------------------------------------------- the only state change
     def step(self, event: EngineEvent) -> tuple[Any, tuple[EngineEffect, ...]]:
@@ -178,11 +183,11 @@ class ManagedEngine:
         # A rejected manifest is a refusal that still changes state (STAGING -> CLEANED, stash freed):
         # run the row's effects first, then answer with the verdict's detail.
         manifest_ok = verdict is None or verdict.ok
-        result, effects = self.step(EndStaging(name, attempt_token, incarnation, manifest_ok=manifest_ok))
-        await self._run_effects(effects, attempt_token)
+        result = await self._run(EndStaging(name, attempt_token, incarnation, manifest_ok=manifest_ok), attempt_token)
         loaded = time.monotonic()
         if isinstance(result, Rejected):
-            raise ProtocolRefusal(result, verdict.detail if verdict is not None and not verdict.ok else "")
+            detail = self.errors.get(name, "") if result.reason is Reason.LOAD_FAILED else ""
+            raise ProtocolRefusal(result, verdict.detail if verdict is not None and not verdict.ok else detail)
         instance = self.loaded.get(name)
         if instance is not None and instance.probe is None:
             probe = await self._probe(name, probe_input_ids)
@@ -206,28 +211,28 @@ class ManagedEngine:
             if adapter is None or adapter.native_refs == 0:
                 break
             await asyncio.sleep(0.01)
-        _, effects = self.step_or_refuse(CleanupAttempt(name, attempt_token))
-        await self._run_effects(effects, attempt_token)
+        result = await self._run(CleanupAttempt(name, attempt_token), attempt_token)
+        if isinstance(result, Rejected):
+            raise ProtocolRefusal(result)
         raise CandidateRefused(EngineRefusal.PROBE_NOT_FINITE, f"probe of {name!r} gave logprob {probe['logprob']} "
                                f"(token {probe['token_id']}); the candidate was cleaned")
 
     async def cleanup(self, name: str, attempt_token: str) -> Any:
-        result, effects = self.step_or_refuse(CleanupAttempt(name, attempt_token))
-        await self._run_effects(effects, attempt_token)
+        result = await self._run(CleanupAttempt(name, attempt_token), attempt_token)
+        if isinstance(result, Rejected):
+            raise ProtocolRefusal(result, self.errors.get(name, "") if result.reason is Reason.UNLOAD_FAILED else "")
         return result
 
     # ---------------------------------------------------------------- reclaim
     async def reclaim(self, name: str, reclaim_id: str, wait_s: float) -> Any:
-        result, effects = self.step_or_refuse(ReclaimAdapter(name, reclaim_id))
-        if any(isinstance(effect, Unregister) for effect in effects):
-            await self._unregister(name)
-        if any(isinstance(effect, AwaitUnload) for effect in effects):
-            self._reclaims[name] = asyncio.create_task(self._drain_then_unload(name, reclaim_id))
-        await self._run_effects(tuple(e for e in effects if not isinstance(e, Unregister | AwaitUnload)), None)
+        result = await self._run(ReclaimAdapter(name, reclaim_id), None)
+        if isinstance(result, Rejected):
+            raise ProtocolRefusal(result)
+        self._note_receipt(name, reclaim_id)  # a retried unload (reclaim.retry_unload) ran inline
         task = self._reclaims.get(name)
         if task is not None and wait_s > 0:
             await asyncio.wait({task}, timeout=wait_s)
-            if task.done() and task.exception() is not None:
+            if task.done() and not task.cancelled() and task.exception() is not None:
                 raise task.exception()  # type: ignore[misc]
         return result
 
@@ -237,38 +242,97 @@ class ManagedEngine:
             # SGLang's LoRARegistry.wait_for_unload: returns once the native request counter of this
             # lora_id reaches zero (every in-flight request released it), then drops the counter.
             await self.tm.lora_registry.wait_for_unload(instance.lora_id)
-        _, effects = self.step_or_refuse(FinishUnload(name, reclaim_id))
-        await self._run_effects(effects, None)
-        self.reclaim_receipts[name] = {"lora_name": name, "reclaim_id": reclaim_id, "unloaded_at": time.time()}
+        result = await self._run(FinishUnload(name, reclaim_id), None)
+        if isinstance(result, Rejected):
+            raise ProtocolRefusal(result)
+        self._note_receipt(name, reclaim_id)
+
+    def _note_receipt(self, name: str, reclaim_id: str) -> None:
+        """The status view's receipt of a physical unload, once the table says UNLOADED (an absent name has none)."""
+        adapter = self.adapter(name)
+        if adapter is not None and adapter.state is AdapterState.UNLOADED and not adapter.absent \
+                and name not in self.reclaim_receipts:
+            self.reclaim_receipts[name] = {"lora_name": name, "reclaim_id": reclaim_id, "unloaded_at": time.time()}
+
+    @staticmethod
+    def _retrieve(task: asyncio.Task[None]) -> None:
+        """Every task of the patch has its exception retrieved, and logged, whether or not a caller waits for it
+        (a reclaim with wait_s=0 does not)."""
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("versioned-lora reclaim task failed", exc_info=task.exception())
 
     # ---------------------------------------------------------------- effects
-    async def _run_effects(self, effects: tuple[EngineEffect, ...], attempt_token: str | None) -> None:
-        for effect in effects:
-            if isinstance(effect, LoadPinned):
-                await self._load_pinned(effect.lora_name, effect.attempt_token)
-            elif isinstance(effect, FreeStash):
+    async def _run(self, event: EngineEvent, attempt_token: str | None) -> Any:
+        """Step `event`, carry out its row's effects (and those of the rows their outcomes fire); the result of the
+        last row fired."""
+        result, effects = self.step(event)
+        last = await self._carry_out(effects, attempt_token)
+        return result if last is None else last
+
+    async def _carry_out(self, effects: tuple[EngineEffect, ...], attempt_token: str | None) -> Any:
+        """Carry out `effects` in the table's order. An effect whose outcome is an input (a load, a physical unload)
+        reports it, and the effects of the row that input fires run next, before the rest. None is skipped because
+        an earlier one failed. Returns the result of the last outcome's row, None if there was none."""
+        queue = list(effects)
+        last: Any = None
+        while queue:
+            effect = queue.pop(0)
+            outcome = await self._execute(effect, attempt_token)
+            if outcome is not None:
+                last, more = self.step(outcome)
+                queue[:0] = more
+        return last
+
+    async def _execute(
+        self, effect: EngineEffect, attempt_token: str | None
+    ) -> LoadDone | LoadFailed | UnloadDone | UnloadFailed | None:
+        if isinstance(effect, LoadPinned):
+            return await self._load_pinned(effect.lora_name, effect.attempt_token)
+        if isinstance(effect, PhysicalUnload):
+            return await self._physical_unload(effect.lora_name)
+        if not isinstance(effect, FreeStash | Unregister | AwaitUnload):
+            raise AssertionError(f"effect {effect!r} has no executor here")
+        try:
+            if isinstance(effect, FreeStash):
                 key = (effect.lora_name, effect.attempt_token or attempt_token or "")
                 source = self.sources.pop(key, None)
                 if source is not None:
                     await source.free()
             elif isinstance(effect, Unregister):
                 await self._unregister(effect.lora_name)
-            elif isinstance(effect, PhysicalUnload):
-                await self._physical_unload(effect.lora_name)
             else:
-                raise AssertionError(f"effect {effect!r} has no executor here")
+                adapter = self.adapter(effect.lora_name)
+                reclaim_id = adapter.reclaim_id if adapter is not None else None
+                task = asyncio.create_task(self._drain_then_unload(effect.lora_name, reclaim_id or ""))
+                task.add_done_callback(self._retrieve)
+                self._reclaims[effect.lora_name] = task
+        except Exception:  # no row awaits their outcome: logged, and the row's other effects still run
+            logger.exception("versioned-lora effect %r failed", effect)
+        return None
 
-    async def _load_pinned(self, name: str, attempt_token: str) -> None:
+    async def _load_pinned(self, name: str, attempt_token: str) -> LoadDone | LoadFailed:
         # SGLang's stock load (not our guard): a fresh LoRARef, so a new lora_id and a cold KV namespace;
-        # pinned, so LRU eviction never picks it.
+        # pinned, so LRU eviction never picks it. Its outcome is the table's input (rows loaded.*, load_failed.*).
         await hold_points.HOLDS.reach("load", name)
-        output = await self.sources[(name, attempt_token)].load(self._stock_loads)
-        if not output.success:
-            raise EngineOperationError(EngineRefusal.LOAD_FAILED, output.error_message or "load failed")
+        try:
+            if faults.trip(faults.FAIL_LOAD, name):  # test-only: answered as SGLang's failed load, nothing loaded
+                error: str | None = f"injected failure (test-only fault {faults.FAIL_LOAD}) for {name!r}"
+            else:
+                # TokenizerManager.load_lora_adapter (the stock one), through the stash's load.
+                output = await self.sources[(name, attempt_token)].load(self._stock_loads)
+                error = None if output.success else str(output.error_message or "load failed")
+        except Exception as exc:  # a failed load however it fails: nothing of it is served
+            logger.exception("versioned-lora load of %s failed", name)
+            error = f"{type(exc).__name__}: {exc}"
+        if error is not None or name not in self.tm.lora_registry._registry:
+            self.errors[name] = error or "SGLang's registry does not name the loaded adapter"
+            audit.COUNTS["load_failed"] += 1
+            return LoadFailed(name, attempt_token)
         lora_id = self.tm.lora_registry._registry[name].lora_id
         self.loaded[name] = LoadedInstance(lora_id=lora_id, loaded_at=time.time())
         self.names_by_lora_id[lora_id] = name
         audit.COUNTS["physical_load"] += 1
+        return LoadDone(name, attempt_token)
 
     async def _unregister(self, name: str) -> None:
         # LoRARegistry.unregister: new requests for the exact name fail from now on; the name also
@@ -278,26 +342,39 @@ class ManagedEngine:
                 await self.tm.lora_registry.unregister(name)
             self.tm.lora_ref_cache.pop(name, None)
 
-    async def _physical_unload(self, name: str) -> None:
+    async def _physical_unload(self, name: str) -> UnloadDone | UnloadFailed:
         from sglang.srt.managers.io_struct import UnloadLoRAAdapterReqInput
 
-        instance = self.loaded.pop(name, None)
+        # Kept until SGLang confirms: a failed unload leaves the weights loaded and pinned, and accounted here.
+        instance = self.loaded.get(name)
         if instance is None:
-            return
-        if instance.lora_id in self.tm.lora_registry._counters:
-            await self.tm.lora_registry.wait_for_unload(instance.lora_id)
-        await hold_points.HOLDS.reach("unload", name)
-        async with self.tm.lora_update_lock:
-            # TokenizerManager.update_lora_adapter_communicator: the scheduler drops the weights of
-            # this lora_id (LoRAManager.unload_lora_adapter) and frees its memory-pool slot.
-            results = await self.tm.update_lora_adapter_communicator(
-                UnloadLoRAAdapterReqInput(lora_name=name, lora_id=instance.lora_id)
-            )
-        failed = [r.error_message for r in results if not r.success]
+            return UnloadDone(name)  # nothing of it was loaded in this process
+        try:
+            if instance.lora_id in self.tm.lora_registry._counters:
+                await self.tm.lora_registry.wait_for_unload(instance.lora_id)
+            await hold_points.HOLDS.reach("unload", name)
+            if faults.trip(faults.FAIL_UNLOAD, name):  # test-only: answered as SGLang's failed unload
+                failed = [f"injected failure (test-only fault {faults.FAIL_UNLOAD}) for {name!r}"]
+            else:
+                async with self.tm.lora_update_lock:
+                    # TokenizerManager.update_lora_adapter_communicator: the scheduler drops the weights of
+                    # this lora_id (LoRAManager.unload_lora_adapter) and frees its memory-pool slot.
+                    results = await self.tm.update_lora_adapter_communicator(
+                        UnloadLoRAAdapterReqInput(lora_name=name, lora_id=instance.lora_id)
+                    )
+                failed = [str(r.error_message) for r in results if not r.success]
+        except Exception as exc:  # an unload that raised failed as much as one that answered failure
+            logger.exception("versioned-lora unload of %s failed", name)
+            failed = [f"{type(exc).__name__}: {exc}"]
         if failed:
-            raise EngineOperationError(EngineRefusal.UNLOAD_FAILED, "; ".join(str(f) for f in failed))
+            self.errors[name] = "; ".join(failed)
+            audit.COUNTS["unload_failed"] += 1
+            return UnloadFailed(name)
+        self.loaded.pop(name, None)
+        self.errors.pop(name, None)
         audit.COUNTS["physical_unload"] += 1
         audit.COUNTS[f"physical_unload:{name}"] += 1
+        return UnloadDone(name)
 
     async def _probe(self, name: str, input_ids: list[int]) -> dict[str, Any]:
         """An exact-version probe through the ordinary request path: one greedy token with logprob."""
@@ -344,6 +421,7 @@ class ManagedEngine:
                     "absent": adapter.absent,
                     "probe": instance.probe if instance else None,
                     "end_parts": instance.end_parts if instance else None,
+                    "error": self.errors.get(name),
                 }
             )
         return {"incarnation": self.incarnation, "managed": adapters}

@@ -38,10 +38,13 @@ HOLDS_AT = ("load", "probe", "unload")
 FAULTS: dict[str, str] = {
     "fail_request": "the next /generate naming the version fails 500 inside the tokenizer manager",
 }
+# The injected failures of the engine's own load and unload (managed/faults.py), armed here too: they stay armed
+# until released (`HoldPoints.take`), so every retry of that operation fails as long as the test needs.
+ENGINE_FAULTS = ("fail_load", "fail_unload")
 
 
 def points() -> tuple[str, ...]:
-    return HOLDS_AT + tuple(FAULTS)
+    return HOLDS_AT + tuple(FAULTS) + ENGINE_FAULTS
 
 
 class InjectedFailure(RuntimeError):
@@ -84,6 +87,11 @@ class HoldPoints:
         version."""
         if self.trip("fail_request", names):
             raise InjectedFailure(f"injected failure (test-only fault 'fail_request') for {names!r}")
+
+    def take(self, fault: str, name: str) -> bool:
+        """Whether the engine fault `fault` is armed for exactly `name`. It stays armed until released: SGLang fails
+        that operation for as long as the test needs (every retry too)."""
+        return self.enabled and self._armed.get(fault) == name
 
     async def reach(self, point: str, name: str) -> None:
         """Called by the engine at `point` of a call for `name`; returns at once unless armed for exactly that."""
