@@ -50,3 +50,11 @@ def test_every_repository_path_named_exists() -> None:
             if "*" not in named and "<" not in named and not (ROOT / named).exists():
                 missing.append(f"{path.relative_to(ROOT)}: {named}")
     assert not missing, "\n".join(missing)
+
+
+def test_the_readme_diagram_of_a_version_is_the_tables_own() -> None:
+    from versioned_lora.ops.commands import mermaid
+
+    section = (ROOT / "README.md").read_text().split("\n## How a publication goes\n", 1)[1].split("\n## ", 1)[0]
+    blocks = re.findall(r"```mermaid\n(.*?)```", section, re.DOTALL)
+    assert blocks == [mermaid("version")]
