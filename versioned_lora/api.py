@@ -671,7 +671,7 @@ async def connect(
                               f"engine order: {', '.join(view.engines)})")
     if engines is not None and _positional(engines):
         if len(urls) != len(view.engines):
-            raise DeploymentError(f"{len(urls)} engine URL(s) given; the registry has {len(view.engines)} engines "
+            raise DeploymentError(f"engines gives {len(urls)} URL(s); the registry has {len(view.engines)} engines "
                                   f"({', '.join(view.engines)})")
         urls = dict(zip(view.engines, urls.values(), strict=True))
     if set(urls) != set(view.engines):
