@@ -1,6 +1,9 @@
 """``versioned-lora``: command-line entry points.
 
-- ``versioned-lora engine --port P --model DIR``: one SGLang engine with the versioned-lora patches; with
+- ``versioned-lora engine --port P --model DIR [--from-peft-config ADAPTER_DIR | --max-lora-rank R
+  --lora-target-modules M ...] [--ready-file F] [-- SGLANG_ARGS...]``: one SGLang engine with the versioned-lora
+  patches, serving adapters of that rank and those modules; ready when F exists (or GET /health answers); SIGINT
+  or SIGTERM stops it cleanly; with
   the managed set and no ``$VERSIONED_LORA_TOKEN``, a new token is written 0600 to ``<log>.token``; its
   capability key is ``--capability-key-file`` (or ``$VERSIONED_LORA_CAPABILITY_KEY_FILE``); without one a managed
   engine is not started (no key is invented: one deployment, one key, which the registry actor reads too).
@@ -8,22 +11,31 @@
 - ``versioned-lora fixtures [--fixture NAME]``: build (or find in the cache) a fixture model and adapters A, B, C
   (``tiny``, the default, ``qwen3-0.6b-shape`` or ``tiny-real-logits``).
 - ``versioned-lora demo``: the main job on two local CPU engines.
-- ``versioned-lora status | publish | reclaim | resolve | diagram``: operating a running deployment
-  (``versioned_lora/ops/commands.py``).
+- ``versioned-lora registry --journal PATH --engines NAME=URL,... [--detach]``: the registry actor, recording the
+  engines' URLs, and ``versioned-lora status | publish | reclaim | resolve | diagram``: operating a running deployment
+  with only the registry's address (``versioned_lora/ops/commands.py``, through ``versioned_lora.api``).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import secrets
 import signal
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from versioned_lora import capabilities
-from versioned_lora.adapters.engine_process import DEFAULT_PATCHES, EngineConfig, EngineProcess, default_log_path
+from versioned_lora.adapters.engine_process import (
+    DEFAULT_PATCHES,
+    EngineConfig,
+    EngineProcess,
+    EngineStartError,
+    default_log_path,
+)
 from versioned_lora.spec.wire import SOURCE_ROOT_ENV, TOKEN_ENV, TOKEN_HEADER
 
 
@@ -97,7 +109,46 @@ def engine_source_roots(given: list[str] | None) -> dict[str, str]:
     return {SOURCE_ROOT_ENV: os.pathsep.join(str(Path(root).resolve()) for root in given)} if given else {}
 
 
+def lora_shape_from_peft_config(adapter_dir: str | Path) -> tuple[int, tuple[str, ...]]:
+    """The rank and target modules an engine must be started with to serve the adapter in `adapter_dir` (its
+    adapter_config.json: `r`, the largest of `rank_pattern`, and `target_modules`; PEFT's "all-linear" is
+    SGLang's "all")."""
+    path = Path(adapter_dir) / "adapter_config.json"
+    if not path.is_file():
+        raise SystemExit(f"error: {path} does not exist (--from-peft-config wants a PEFT adapter directory)")
+    config = json.loads(path.read_text())
+    rank = max([int(config.get("r", 8)), *(int(r) for r in (config.get("rank_pattern") or {}).values())])
+    targets = config.get("target_modules") or ()
+    if isinstance(targets, str):
+        targets = ("all",) if targets == "all-linear" else (targets,)
+    return rank, tuple(sorted(set(targets)))
+
+
+def write_ready_file(path: Path, url: str, pid: int | None) -> None:
+    """The readiness signal: written (aside, then renamed) once the engine answers its health check."""
+    staged = path.with_name(f".{path.name}.tmp")
+    staged.write_text(json.dumps({"url": url, "pid": pid}) + "\n")
+    staged.replace(path)
+
+
 def _engine(args: argparse.Namespace) -> int:
+    try:
+        return _serve_engine(args)
+    except KeyboardInterrupt:  # Ctrl-C while starting: `start` already stopped the half-started server
+        print("engine stopped before it was ready", file=sys.stderr, flush=True)
+        return 130
+    except EngineStartError as exc:
+        print(f"error: {exc}", file=sys.stderr, flush=True)
+        return 1
+
+
+def _serve_engine(args: argparse.Namespace) -> int:
+    rank, targets = args.max_lora_rank, tuple(args.lora_target_modules or ())
+    if args.from_peft_config:
+        peft_rank, peft_targets = lora_shape_from_peft_config(args.from_peft_config)
+        rank, targets = rank or peft_rank, targets or peft_targets
+    shape: dict[str, Any] = {"max_lora_rank": rank} if rank else {}
+    shape.update({"lora_target_modules": targets} if targets else {})
     patches = tuple(p for p in args.patches.split(",") if p)
     key_env = engine_capability_key(patches, args.capability_key_file)  # first: without a key nothing is done
     model_dir = Path(args.model) if args.model else _fixture_model()
@@ -116,13 +167,17 @@ def _engine(args: argparse.Namespace) -> int:
             cpu=not args.gpu,
             log_path=log_path,
             env=env,
-            extra_args=("--enable-metrics",) if args.enable_metrics else (),
+            extra_args=(*(("--enable-metrics",) if args.enable_metrics else ()), *args.sglang_args),
             capacity=args.capacity,
+            **shape,
         )
     )
     # SIGTERM while starting: leave through an exception, so `start` stops the half-started server.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    engine.start()
+    engine.start(timeout_s=args.start_timeout)
+    ready_file = Path(args.ready_file) if args.ready_file else None
+    if ready_file is not None:
+        write_ready_file(ready_file, engine.url, engine.pid)
     print(f"engine ready at {engine.url} (pid {engine.pid}); Ctrl-C stops it", flush=True)
     stop = False
 
@@ -136,7 +191,10 @@ def _engine(args: argparse.Namespace) -> int:
         while not stop:
             time.sleep(0.5)
     finally:
+        if ready_file is not None:
+            ready_file.unlink(missing_ok=True)
         engine.stop()
+    print("engine stopped", flush=True)
     return 0
 
 
@@ -165,7 +223,11 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="versioned-lora")
     sub = parser.add_subparsers(dest="command", required=True)
 
-    engine = sub.add_parser("engine", help="run one patched SGLang engine")
+    engine = sub.add_parser("engine", help="run one patched SGLang engine",
+                            epilog="Arguments after a bare `--` go to SGLang's server unchanged, e.g. "
+                            "`versioned-lora engine --port 30000 --model M --from-peft-config A -- "
+                            "--max-running-requests 64`. Ready when --ready-file exists (or GET URL/health answers); "
+                            "SIGINT or SIGTERM stops it cleanly (exit 0).")
     engine.add_argument("--port", type=int, required=True)
     engine.add_argument("--host", default="127.0.0.1")
     engine.add_argument("--model", help="model directory (default: the tiny Qwen3 fixture)")
@@ -183,7 +245,19 @@ def main(argv: list[str] | None = None) -> int:
                         f"${SOURCE_ROOT_ENV}; with neither, disk-sourced begins are refused)")
     engine.add_argument("--enable-metrics", action="store_true", help="SGLang's Prometheus /metrics, with the "
                         "managed patch's versioned_lora_engine_* series")
-    engine.set_defaults(func=_engine)
+    engine.add_argument("--max-lora-rank", type=int, help="the largest LoRA rank it serves (default: the "
+                        "--from-peft-config adapter's, else 8)")
+    engine.add_argument("--lora-target-modules", nargs="+", metavar="MODULE", help="the modules adapters may "
+                        "target, e.g. q_proj k_proj v_proj o_proj gate_proj up_proj down_proj, or all (default: the "
+                        "--from-peft-config adapter's, else q_proj v_proj)")
+    engine.add_argument("--from-peft-config", metavar="ADAPTER_DIR", help="read --max-lora-rank and "
+                        "--lora-target-modules from a PEFT adapter directory's adapter_config.json (the flags win)")
+    engine.add_argument("--ready-file", metavar="PATH", help="written (JSON: url, pid) once the engine answers its "
+                        "health check, removed when it stops: the readiness signal for scripts (or poll GET "
+                        "URL/health, then URL/versioned_lora/status)")
+    engine.add_argument("--start-timeout", type=float, default=600.0, help="seconds to wait for the engine to "
+                        "become healthy (default 600)")
+    engine.set_defaults(func=_engine, sglang_args=())
 
     keygen = sub.add_parser("keygen", help="write a new capability key (0600) for one deployment")
     keygen.add_argument("path", help="the key file to create (refused if it exists)")
@@ -204,7 +278,18 @@ def main(argv: list[str] | None = None) -> int:
 
     add_commands(sub)
 
+    argv = list(sys.argv[1:] if argv is None else argv)
+    # Everything after a bare `--` goes to SGLang's server as it is (`versioned-lora engine ... -- --mem-fraction
+    # 0.5`); only `engine` takes such arguments.
+    passed: list[str] = []
+    if "--" in argv:
+        cut = argv.index("--")
+        argv, passed = argv[:cut], argv[cut + 1:]
     args = parser.parse_args(argv)
+    if passed:
+        if args.command != "engine":
+            parser.error(f"arguments after `--` are SGLang server arguments, for `engine` only: {passed}")
+        args.sglang_args = tuple(passed)
     return int(args.func(args))
 
 

@@ -24,7 +24,7 @@ import secrets
 import sqlite3
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +364,16 @@ class Journal:
             self._db.execute("INSERT INTO meta (k, v) VALUES ('config', ?)", (text,))
         elif row[0] != text:
             raise JournalConfigMismatch(f"{self.path} was written for {row[0]}, not {text}")
+
+    def engine_urls(self, given: Mapping[str, str] | None = None) -> dict[str, str]:
+        """The engines' URLs (name -> URL) recorded beside the journal's configuration: `given` replaces them (an
+        engine moved), None keeps what is there. Not part of the replayed state: where to reach an engine is the
+        deployment's fact, not the protocol's."""
+        if given is not None:
+            self._db.execute("INSERT OR REPLACE INTO meta (k, v) VALUES ('engine_urls', ?)",
+                             (json.dumps(dict(given), sort_keys=True),))
+        row = self._db.execute("SELECT v FROM meta WHERE k='engine_urls'").fetchone()
+        return {} if row is None else {str(k): str(v) for k, v in json.loads(row[0]).items()}
 
     def id_salt(self, proposed: str | None = None) -> str:
         """The salt of this journal's reclaim ids (`RegistryState.id_salt`): minted on first use from the OS's

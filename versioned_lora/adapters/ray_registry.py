@@ -21,7 +21,7 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Collection, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -128,6 +128,7 @@ class RegistryCore:
         id_salt: str | None = None,
         publisher_lease: bool = True,
         insecure: bool = False,
+        engine_urls: Mapping[str, str] | None = None,
     ) -> None:
         """`capability_key`: the key engines check cleanups and reclaims with (`versioned_lora.capabilities`), or a
         `KeyRing` (a rotation); default: the key ring of this process's environment (`keyring_from_env`). Without
@@ -138,7 +139,9 @@ class RegistryCore:
         `id_salt`: the reclaim-id salt of a new journal (default: a random one; `Journal.id_salt`).
         `publisher_lease`: whether a new journal requires the publisher lease's fence on every Reserve and
         Commit (`RegistryConfig.publisher_lease`); a journal keeps what it was begun with (one begun before
-        leases existed replays unfenced, as it ran)."""
+        leases existed replays unfenced, as it ran).
+        `engine_urls`: where each engine is reached (name -> URL), recorded in the journal beside its configuration
+        so that every other process needs only the registry's name (None: keep what the journal recorded)."""
         started = time.perf_counter()
         key = capability_key if capability_key is not None else capabilities.keyring_from_env()
         if key is None and not insecure:
@@ -153,6 +156,7 @@ class RegistryCore:
                                 id_salt=self._journal.id_salt(id_salt),
                                 publisher_lease=publisher_lease if recorded is None else recorded.publisher_lease)
         self._journal.bind_config(initial.config)
+        self._engine_urls = self._journal.engine_urls(engine_urls)
         self._state, replayed = self._journal.recover(initial, step)
         self._index = ViewIndex(self._state)  # the one walk of every session and version: at start, not per read
         self._next_seq = self._journal.next_seq()
@@ -326,6 +330,10 @@ class RegistryCore:
             max(0.0, timer[1] - time.monotonic()) if held and timer is not None else None,
         )
 
+    def engine_urls(self) -> dict[str, str]:
+        """The engines' URLs this registry recorded (name -> URL; empty: none recorded)."""
+        return dict(self._engine_urls)
+
     @property
     def journal_format(self) -> int:
         return self._journal.format
@@ -406,6 +414,9 @@ class LocalRegistry:
     async def key_ids(self) -> tuple[str, ...]:
         return self.core.key_ids()
 
+    async def engine_urls(self) -> dict[str, str]:
+        return self.core.engine_urls()
+
 
 # ---- Ray ---------------------------------------------------------------------------------------------------------
 
@@ -480,8 +491,15 @@ def create_registry_actor(
     insecure: bool = False,
     previous_key_file: str | Path | None = None,
     previous_key_until: float | None = None,
+    engine_urls: Mapping[str, str] | None = None,
 ) -> Any:
     """Create (or get, if it already exists) the named registry actor and wait until it has recovered.
+
+    KEEP THE HANDLE, or pass `detached=True`: a non-detached actor is Ray's to collect once the last handle to it
+    is gone (or the process that created it leaves the cluster), and every later lookup by name then fails with
+    Ray's "Failed to look up actor". A deployment that other processes join (the CLI, a trainer, a session
+    service) wants `detached=True`, as `versioned_lora.start_registry` and `versioned-lora registry` do; it runs
+    until killed (`versioned_lora.stop_registry`).
 
     `journal_path` must survive the actor's process: on a multi-node cluster pin the actor to one node
     (`options={"scheduling_strategy": NodeAffinitySchedulingStrategy(node_id, soft=False)}`) or put the
@@ -519,10 +537,23 @@ def create_registry_actor(
     }
     actor_class: Any = ray.remote(RegistryActor)
     handle = actor_class.options(**actor_options).remote(
-        str(journal_path), tuple(engines), capacity, epoch, checkpoint_every, insecure=insecure
+        str(journal_path), tuple(engines), capacity, epoch, checkpoint_every, insecure=insecure,
+        **({"engine_urls": dict(engine_urls)} if engine_urls is not None else {}),
     )
     ray.get(handle.pid.remote())  # returns once the actor has recovered its journal
     return handle
+
+
+def recorded_epoch(journal_path: str | Path) -> int | None:
+    """The deployment epoch a journal was begun with (None: no journal there yet, or an empty one)."""
+    if not Path(journal_path).exists():
+        return None
+    journal = Journal(journal_path)
+    try:
+        config = journal.recorded_config()
+    finally:
+        journal.close()
+    return None if config is None else config.epoch
 
 
 def find_registry_actor(name: str = REGISTRY_ACTOR_NAME, namespace: str = REGISTRY_NAMESPACE) -> Any:
@@ -589,6 +620,10 @@ class RayRegistry:
         ids: tuple[str, ...] = await self._call(lambda: self.handle.key_ids.remote())
         return ids
 
+    async def engine_urls(self) -> dict[str, str]:
+        urls: dict[str, str] = await self._call(lambda: self.handle.engine_urls.remote())
+        return urls
+
     async def _call(self, make_ref: Any) -> Any:
         import ray
 
@@ -623,4 +658,5 @@ __all__ = [
     "create_registry_actor",
     "find_registry_actor",
     "new_key",
+    "recorded_epoch",
 ]

@@ -1,8 +1,9 @@
 """`versioned-lora status | publish | reclaim | resolve | diagram`: operating a running deployment (issue 21).
 
 Each command joins the Ray cluster (`--address`), finds the registry actor by name (`--name`, `--namespace`),
-and reaches the engines over HTTP (`--engines URL,...`, in the registry's engine order; `--token-file F` for
-the managed endpoints). `publish`, `reclaim` and `resolve` drive the library's own Publisher and Reclaimer.
+and reaches the engines over HTTP at the URLs the registry recorded (or `--engines URL,...`, in the registry's
+engine order; `--token-file F` for the managed endpoints), all through the library's API (`versioned_lora.api`,
+`connect`): nothing here builds a protocol object.
 Exit statuses are the `Exit` values (README, "Operating it").
 """
 
@@ -19,19 +20,24 @@ import sys
 import time
 from collections.abc import Callable
 from enum import IntEnum
-from pathlib import Path
 from typing import Any
 
 from rich.console import Console
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-from versioned_lora.adapters.ray_registry import REGISTRY_ACTOR_NAME, REGISTRY_NAMESPACE, RayRegistry
-from versioned_lora.adapters.sglang_client import SGLangClient
+from versioned_lora.api import (
+    DEFAULT_BUCKET_BYTES,
+    REGISTRY_ACTOR_NAME,
+    REGISTRY_NAMESPACE,
+    Deployment,
+    DeploymentError,
+    InvalidSource,
+    connect,
+    start_registry,
+    stop_registry,
+)
 from versioned_lora.ops.status_render import render_status
-from versioned_lora.ops.status_view import gather_status
-
-DEFAULT_BUCKET_BYTES = 32 * 1024 * 1024
 
 
 class Exit(IntEnum):
@@ -53,48 +59,44 @@ class OperationError(Exception):
 # ---------------------------------------------------------------- connection
 
 
+# The connection settings, written once: each flag's default is its environment variable when set.
+ADDRESS_ENV, REGISTRY_ENV = "VERSIONED_LORA_ADDRESS", "VERSIONED_LORA_REGISTRY"
+NAMESPACE_ENV, TOKEN_FILE_ENV = "VERSIONED_LORA_NAMESPACE", "VERSIONED_LORA_TOKEN_FILE"
+
+
 def add_connection_arguments(parser: argparse.ArgumentParser, *, token: bool) -> None:
-    parser.add_argument("--address", default="auto", help="Ray cluster address (default: auto)")
-    parser.add_argument("--namespace", default=REGISTRY_NAMESPACE, help=f"registry actor namespace "
-                        f"(default {REGISTRY_NAMESPACE})")
-    parser.add_argument("--name", default=REGISTRY_ACTOR_NAME, help=f"registry actor name (default "
-                        f"{REGISTRY_ACTOR_NAME})")
-    parser.add_argument("--engines", required=True, help="engine URLs, comma-separated, in the registry's engine "
-                        "order (E0,E1,...)")
-    parser.add_argument("--token-file", required=token, help="file holding the engines' managed-endpoint token"
-                        + ("" if token else " (status reads only the open status endpoint)"))
+    env = os.environ
+    parser.add_argument("--address", default=env.get(ADDRESS_ENV, "auto"), help=f"Ray cluster address (default: "
+                        f"${ADDRESS_ENV}, else auto)")
+    parser.add_argument("--namespace", default=env.get(NAMESPACE_ENV, REGISTRY_NAMESPACE), help=f"registry actor "
+                        f"namespace (default: ${NAMESPACE_ENV}, else {REGISTRY_NAMESPACE})")
+    parser.add_argument("--name", default=env.get(REGISTRY_ENV, REGISTRY_ACTOR_NAME), help=f"registry actor name "
+                        f"(default: ${REGISTRY_ENV}, else {REGISTRY_ACTOR_NAME})")
+    parser.add_argument("--engines", help="engine URLs, comma-separated, in the registry's engine order (E0,E1,...), "
+                        "or NAME=URL,... (default: the URLs the registry recorded: `versioned-lora registry`)")
+    token_file = env.get(TOKEN_FILE_ENV)
+    parser.add_argument("--token-file", default=token_file, required=token and not token_file,
+                        help=f"file holding the engines' managed-endpoint token (default: ${TOKEN_FILE_ENV})"
+                        + ("" if token else "; status reads only the open status endpoint"))
 
 
-def connect_registry(args: argparse.Namespace) -> RayRegistry:
-    import ray
+async def connect_args(args: argparse.Namespace, *, probe: bool = False,
+                       on_phase: Callable[[str, str, float], None] | None = None) -> Deployment:
+    """The deployment these arguments name, through the library's API (`versioned_lora.connect`), with no reclaim
+    loop (a command does what it is asked, once). `probe`: publishing or resolving (a probe check, the lease)."""
+    kwargs: dict[str, Any] = {}
+    if probe:
+        from versioned_lora.demo.defaults import build_fixtures
 
-    if not ray.is_initialized():
-        ray.init(address=args.address, log_to_driver=False, configure_logging=False)
+        kwargs.update(model_dir=args.model or build_fixtures().model_dir, probe_prompt=probe_prompt(),
+                      holder=args.holder or default_holder(), lease_ttl_s=args.lease_ttl,
+                      snapshots=args.snapshots, bucket_bytes=args.bucket_bytes, on_phase=on_phase)
     try:
-        return RayRegistry.find(args.name, args.namespace, retry_deadline_s=10.0)
-    except ValueError as exc:  # ray.get_actor: no actor of that name in that namespace
-        raise OperationError(f"no registry actor {args.name!r} in namespace {args.namespace!r}: {exc}") from exc
-
-
-def read_token(args: argparse.Namespace) -> str | None:
-    if not getattr(args, "token_file", None):
-        return None
-    path = Path(args.token_file)
-    if not path.is_file():
-        raise OperationError(f"token file {path} does not exist")
-    return path.read_text().strip()
-
-
-async def engine_clients(registry: RayRegistry, args: argparse.Namespace) -> dict[str, SGLangClient]:
-    """The engines by the registry's names for them: `--engines` lists URLs in the registry's engine order."""
-    urls = [u for u in args.engines.split(",") if u]
-    view = await registry.publication_view()
-    if len(urls) != len(view.engines):
-        raise OperationError(f"--engines gives {len(urls)} URL(s); the registry has {len(view.engines)} engines "
-                             f"({', '.join(view.engines)})")
-    token = read_token(args)
-    return {name: SGLangClient(url, timeout_s=600.0, token=token)
-            for name, url in zip(view.engines, urls, strict=True)}
+        return await connect(address=args.address, registry=args.name, namespace=args.namespace,
+                             engines=args.engines or None, token_file=getattr(args, "token_file", None),
+                             auto_reclaim=False, **kwargs)
+    except (DeploymentError, ValueError) as exc:
+        raise OperationError(str(exc)) from exc
 
 
 def _run(main: Callable[[], Any]) -> int:
@@ -110,16 +112,15 @@ def _run(main: Callable[[], Any]) -> int:
 
 def status(args: argparse.Namespace) -> int:
     async def main() -> int:
-        registry = connect_registry(args)
-        clients = await engine_clients(registry, args)
+        deployment = await connect_args(args)
         console = Console()
         try:
             if args.json:
-                rows = await gather_status(registry, clients, args.all)
+                rows = await deployment.status(args.all)
                 print(json.dumps(rows, indent=2, sort_keys=True))
                 return int(Exit.OK)
             if not args.watch:
-                console.print(render_status(await gather_status(registry, clients, args.all)))
+                console.print(render_status(await deployment.status(args.all)))
                 return int(Exit.OK)
             # Ctrl-C ends the watch between two refreshes, through the event loop (not a KeyboardInterrupt raised
             # wherever the main thread happens to be: inside a Ray call, it once left the process hanging).
@@ -133,21 +134,19 @@ def status(args: argparse.Namespace) -> int:
             if not console.is_terminal:  # a pipe or a file: one full table per refresh, each under its time
                 while not stopped.is_set():
                     console.print(f"--- {time.strftime('%Y-%m-%d %H:%M:%S')}")
-                    console.print(render_status(await gather_status(registry, clients, args.all)))
+                    console.print(render_status(await deployment.status(args.all)))
                     sys.stdout.flush()
                     await pause()
                 return int(Exit.OK)
-            with Live(render_status(await gather_status(registry, clients, args.all)), console=console,
-                      auto_refresh=False) as live:
+            with Live(render_status(await deployment.status(args.all)), console=console, auto_refresh=False) as live:
                 while not stopped.is_set():
                     await pause()
-                    live.update(render_status(await gather_status(registry, clients, args.all)), refresh=True)
+                    live.update(render_status(await deployment.status(args.all)), refresh=True)
             return int(Exit.OK)
         except KeyboardInterrupt:
             return int(Exit.OK)
         finally:
-            for client in clients.values():
-                await client.aclose()
+            await deployment.close()
 
     try:
         return _run(main)
@@ -159,15 +158,20 @@ def status(args: argparse.Namespace) -> int:
 
 
 class PhaseDisplay:
-    """The Publisher's `on_phase` callback, as a progress bar over the phases it will report:
+    """The deployment's `on_phase` callback, as a progress bar over the phases it will report:
     reserve, begin, one per bucket, end, commit."""
 
-    def __init__(self, progress: Progress, version_id: str, bucket_count: int) -> None:
-        self.expected = ["reserve", "begin", *(f"bucket_{i}" for i in range(bucket_count)), "end", "commit"]
+    def __init__(self, progress: Progress, version_id: str) -> None:
         self.progress = progress
+        self.version_id = version_id
+        self.expected: list[str] = []
         self.done: list[tuple[str, float]] = []
         self.title = f"publish {version_id}"
-        self.task = progress.add_task(f"{self.title}: reserve", total=len(self.expected))
+        self.task = progress.add_task(f"{self.title}: reserve", total=None)
+
+    def expect(self, bucket_count: int) -> None:
+        self.expected = ["reserve", "begin", *(f"bucket_{i}" for i in range(bucket_count)), "end", "commit"]
+        self.progress.update(self.task, total=len(self.expected))
 
     def __call__(self, _version: str, phase: str, seconds: float) -> None:
         self.done.append((phase, seconds))
@@ -190,56 +194,17 @@ def probe_prompt() -> list[int]:
     return list(TINY_PROBE_PROMPT)
 
 
-def _ports(clients: dict[str, SGLangClient]) -> dict[str, Any]:
-    from versioned_lora.adapters.engine_staging import EngineStaging
-
-    return {name: EngineStaging(name, client, probe_prompt()) for name, client in clients.items()}
-
-
 def default_holder() -> str:
-    """This command's name as a holder of the publisher lease: not a trainer's (`Publisher`'s default), so a
+    """This command's name as a holder of the publisher lease: not a trainer's (`connect`'s default), so a
     publication from the command line beside a running trainer is refused while the trainer holds the lease."""
     return f"cli@{socket.gethostname()}:{os.getpid()}"
 
 
-def _publisher(registry: RayRegistry, ports: dict[str, Any], args: argparse.Namespace,
-               on_phase: Callable[[str, str, float], None] | None = None) -> Any:
-    """The Publisher over this deployment (its probe check runs the reference forward of the base model)."""
-    from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
-    from versioned_lora.demo.defaults import build_fixtures
-    from versioned_lora.runtime.publisher import Publisher
-
-    model_dir = Path(args.model) if args.model else build_fixtures().model_dir
-    probe_check = ReferenceProbeCheck(ReferenceModel(model_dir), probe_prompt())
-    return Publisher(registry, ports, probe_check, on_phase=on_phase, holder=args.holder or default_holder(),
-                     lease_ttl_s=args.lease_ttl, snapshots=_snapshots(args))
-
-
-def _snapshots(args: argparse.Namespace) -> Any:
-    """The deployment's snapshot store (`--snapshots`), or None."""
-    from versioned_lora.adapters.snapshot_store import SnapshotStore
-
-    return SnapshotStore(args.snapshots, args.bucket_bytes) if args.snapshots else None
-
-
-async def _take_over_first(publisher: Any, args: argparse.Namespace, console: Console) -> None:
+async def _take_over_first(deployment: Deployment, args: argparse.Namespace, console: Console) -> None:
     """`--take-over`: end whatever lease is live now and take it (lease.take_over), before anything else."""
     if args.take_over:
-        granted = await publisher.acquire_lease(take_over=True)
+        granted = await deployment.take_over_lease()
         console.print(f"publisher lease taken over: {granted!r}")
-
-
-def _reclaimer(registry: RayRegistry, ports: dict[str, Any]) -> Any:
-    from versioned_lora.runtime.reclaimer import Reclaimer
-
-    return Reclaimer(registry, ports)
-
-
-async def _close(ports: dict[str, Any], clients: dict[str, SGLangClient]) -> None:
-    for port in ports.values():
-        port.close()
-    for client in clients.values():
-        await client.aclose()
 
 
 def publish_exit(status: str, reason: str | None) -> Exit:
@@ -256,46 +221,36 @@ def reclaim_exit(status: str) -> Exit:
 
 def publish(args: argparse.Namespace) -> int:
     async def main() -> int:
-        from versioned_lora.adapters.engine_link import Candidate
-        from versioned_lora.adapters.snapshot import SnapshotError, snapshot_from_adapter_dir
-        from versioned_lora.lifecycle import VersionKey
-        from versioned_lora.spec.identities import InvalidIdentity, check_version_identity, lora_name
-
         console = Console()
-        registry = connect_registry(args)
-        ops = await registry.operations_view()
-        version = VersionKey(ops.epoch, args.version_id)
-        try:
-            snapshot = snapshot_from_adapter_dir(args.peft_dir)
-            check_version_identity(version, snapshot.digest)
-        except (SnapshotError, InvalidIdentity) as exc:
-            raise OperationError(f"{type(exc).__name__}: {exc}") from exc
-        candidate = Candidate.build(lora_name(version, snapshot.digest), snapshot, args.bucket_bytes)
-        console.print(f"snapshot {args.peft_dir}: digest {snapshot.digest[:12]}..., {len(snapshot.tensors)} tensors, "
-                      f"{candidate.bucket_count} bucket(s); name {candidate.lora_name}")
-        clients = await engine_clients(registry, args)
-        ports = _ports(clients)
-        try:
-            with _progress(console) as progress:
-                display = PhaseDisplay(progress, args.version_id, candidate.bucket_count)
-                publisher = _publisher(registry, ports, args, on_phase=display)
-                publisher.probe_check.reference(candidate)
-                await _take_over_first(publisher, args, console)
-                await publisher.sync_incarnations()
-                outcome = await publisher.publish(version, candidate)
-                if str(outcome.status) != "UNKNOWN":  # an unknown outcome keeps it: `resolve --holder` finishes
-                    await publisher.release_lease()  # under the same fence (until the lease's ttl runs out)
-        finally:
-            await _close(ports, clients)
-        code = publish_exit(str(outcome.status), outcome.reason)
-        receipt = {"status": str(outcome.status), "reason": outcome.reason, "version_id": version.version_id,
-                   "epoch": version.epoch, "lora_name": outcome.lora_name, "attempt_token": outcome.attempt_token,
-                   "default_revision": outcome.default_revision, "version_state": outcome.version_state,
-                   "phases": [[phase, seconds] for phase, seconds in outcome.phases.items()],  # in order
-                   "detail": outcome.detail, "exit": int(code)}
+        with _progress(console) as progress:
+            display = PhaseDisplay(progress, args.version_id)
+            deployment = await connect_args(args, probe=True, on_phase=display)
+            try:
+                try:
+                    candidate = await asyncio.to_thread(deployment.prepare, args.version_id, args.peft_dir)
+                except InvalidSource as exc:
+                    raise OperationError(str(exc)) from exc
+                progress.console.print(f"snapshot {args.peft_dir}: digest {candidate.digest[:12]}..., "
+                                       f"{len(candidate.snapshot.tensors)} tensors, {candidate.bucket_count} "
+                                       f"bucket(s); name {candidate.lora_name}")
+                display.expect(candidate.bucket_count)
+                await _take_over_first(deployment, args, progress.console)
+                result = await deployment.publish(args.version_id, args.peft_dir, candidate=candidate,
+                                                  wait_for_slot_s=args.wait_for_slot)
+            finally:
+                # an unknown outcome keeps the lease: `resolve --holder` finishes under the same fence
+                await deployment.close()
+        code = publish_exit(result.status, result.code if result.status != "REPLAYED" else None)
+        receipt = {"status": result.status, "outcome": str(result.outcome),
+                   "reason": result.code if result.status != "REPLAYED" else None,
+                   "version_id": result.version_id, "epoch": result.epoch, "lora_name": result.lora_name,
+                   "attempt_token": result.attempt_token, "default_revision": result.default_revision,
+                   "version_state": result.version_state, "resolve": result.resolve,
+                   "phases": [[phase, seconds] for phase, seconds in result.phases.items()],  # in order
+                   "detail": result.detail, "exit": int(code)}
         style = "green" if code is Exit.OK else "red"
-        console.print(f"[{style}]{outcome.status}[/{style}]" + (f" {outcome.reason}" if outcome.reason else "")
-                      + (f" default revision {outcome.default_revision}" if outcome.default_revision else ""))
+        console.print(f"[{style}]{result.status}[/{style}]" + (f" {result.code}" if result.code else "")
+                      + (f" default revision {result.default_revision}" if result.default_revision else ""))
         print("RECEIPT " + json.dumps(receipt, sort_keys=True, default=str), flush=True)
         return int(code)
 
@@ -304,45 +259,38 @@ def publish(args: argparse.Namespace) -> int:
 
 def reclaim(args: argparse.Namespace) -> int:
     async def main() -> int:
-        from versioned_lora.lifecycle import VersionKey
-        from versioned_lora.spec.states import VersionState
-
         console = Console()
-        registry = connect_registry(args)
-        view = await registry.publication_view()
-        if args.version:
-            targets = [k for k in view.versions if k.version_id == args.version]
-            if not targets:
-                raise OperationError(f"the registry knows no version {args.version!r}")
-        else:  # every version the registry may let go now, and every claim not finished yet
-            targets = sorted(k for k, v in view.versions.items() if v.state is VersionState.RECLAIMING
-                             or (v.state is VersionState.RETIRED and v.session_refs == 0))
-        if not targets:
-            console.print("nothing eligible: no RETIRED version without session refs, no reclaim in progress")
-            print("RECEIPT " + json.dumps({"reclaims": [], "exit": 0}), flush=True)
-            return int(Exit.OK)
-        clients = await engine_clients(registry, args)
-        ports = _ports(clients)
-        reclaimer = _reclaimer(registry, ports)
-        outcomes = []
+        deployment = await connect_args(args)
         try:
+            if args.version:
+                view = await deployment.registry.publication_view()
+                if not any(k.version_id == args.version for k in view.versions):
+                    raise OperationError(f"the registry knows no version {args.version!r}")
+                targets = [args.version]
+            else:  # every version the registry may let go now, and every claim not finished yet
+                targets = await deployment.eligible()
+            if not targets:
+                console.print("nothing eligible: no RETIRED version without session refs, no reclaim in progress")
+                print("RECEIPT " + json.dumps({"reclaims": [], "exit": 0}), flush=True)
+                return int(Exit.OK)
+            outcomes = []
             with _progress(console) as progress:
                 task = progress.add_task("reclaim", total=len(targets))
-                for key in targets:
-                    progress.update(task, description=f"reclaim {key.version_id}")
-                    outcome = await reclaimer.reclaim(VersionKey(*key))
+                for version_id in targets:
+                    progress.update(task, description=f"reclaim {version_id}")
+                    outcome = await deployment.reclaim(version_id)
                     outcomes.append(outcome)
-                    progress.console.print(f"  {key.version_id:<14} {outcome.status}"
+                    progress.console.print(f"  {version_id:<14} {outcome.status}"
                                            + (f" {outcome.reason}" if outcome.reason else "")
                                            + f" confirmed by {', '.join(outcome.confirmed) or 'none'}"
                                            + f" ({outcome.seconds:.2f} s)")
                     progress.advance(task)
         finally:
-            await _close(ports, clients)
-        codes = [reclaim_exit(str(o.status)) for o in outcomes]
+            await deployment.close()
+        codes = [reclaim_exit(o.status) for o in outcomes]
         code = max(codes, key=lambda c: (c is not Exit.OK, c))
         print("RECEIPT " + json.dumps({"reclaims": [
-            {"version_id": o.version.version_id, "status": str(o.status), "reason": o.reason,
+            {"version_id": o.version_id, "status": o.status, "reason": o.reason,
              "reclaim_id": o.reclaim_id, "confirmed": list(o.confirmed), "seconds": o.seconds} for o in outcomes],
             "exit": int(code)}, sort_keys=True), flush=True)
         return int(code)
@@ -351,67 +299,86 @@ def reclaim(args: argparse.Namespace) -> int:
 
 
 def resolve(args: argparse.Namespace) -> int:
-    """Settle what unknown outcomes left, through the drivers, under the same keys: each engine's incarnation
-    reported (with `--snapshots`, the restart supervisor also rehydrates a restarted engine with every version
-    the registry's answer names, read from the store), the Publisher's recovery (a LOADING attempt's commit is
-    sent and the table decides: committed if READY everywhere, else refused and aborted and cleaned; an ABORTED
-    one is aborted again, its answer naming the cleanups), then every unfinished reclaim is claimed again (same
-    claim key)."""
+    """Settle what unknown outcomes left, through the drivers, under the same keys (`Deployment.resolve`): each
+    engine's incarnation reported (with `--snapshots`, the restart supervisor also rehydrates a restarted engine
+    with every version the registry's answer names, read from the store), the Publisher's recovery (a LOADING
+    attempt's commit is sent and the table decides: committed if READY everywhere, else refused and aborted and
+    cleaned; an ABORTED one is aborted again, its answer naming the cleanups), then every unfinished reclaim is
+    claimed again (same claim key)."""
 
     async def main() -> int:
-        from versioned_lora.spec.states import VersionState
-
         console = Console()
-        registry = connect_registry(args)
-        clients = await engine_clients(registry, args)
-        ports = _ports(clients)
-        publisher, reclaimer = _publisher(registry, ports, args), _reclaimer(registry, ports)
-        lines: list[dict[str, Any]] = []
-
-        def note(version_id: str, action: str, status: object, reason: str | None) -> None:
-            lines.append({"version_id": version_id, "action": action, "status": str(status), "reason": reason})
-
+        deployment = await connect_args(args, probe=True)
         try:
-            await _take_over_first(publisher, args, console)
-            if publisher.snapshots is None:
-                with console.status("syncing engine incarnations"):
-                    await publisher.sync_incarnations()
-            else:
-                from versioned_lora.runtime.supervisor import ReconcileStatus, RestartSupervisor
-
-                with console.status("syncing engine incarnations, rehydrating restarted engines"):
-                    for reconciled in await RestartSupervisor(publisher).reconcile_all():
-                        action = f"rehydrate {reconciled.engine}"
-                        if reconciled.status is not ReconcileStatus.RECONCILED:  # nothing adopted, or not known
-                            note("*", action, reconciled.status, reconciled.reason)
-                        for key in reconciled.rehydrated:
-                            note(key.version_id, action, "REHYDRATED", None)
-                        for key, why in reconciled.failed:
-                            note(key.version_id, action, "REHYDRATE_FAILED", why)
-            with console.status("recovering pending publication attempts"):
-                for outcome in await publisher.recover():
-                    note(outcome.version.version_id, "publication", outcome.status, outcome.reason)
-            view = await registry.publication_view()
-            for key, version in sorted(view.versions.items()):
-                if version.state is VersionState.RECLAIMING:
-                    with console.status(f"finishing the reclaim of {key.version_id}"):
-                        reclaimed = await reclaimer.reclaim(key)
-                    note(key.version_id, "reclaim", reclaimed.status, reclaimed.reason)
-            if not publisher.commit_unresolved:
-                await publisher.release_lease()
+            await _take_over_first(deployment, args, console)
+            with console.status("settling: engine incarnations, pending attempts, unfinished reclaims"):
+                resolved = await deployment.resolve()
         finally:
-            await _close(ports, clients)
+            await deployment.close()  # gives the lease back unless a commit is still unresolved
+        lines = [{"version_id": r.version_id, "action": r.action, "status": r.status, "reason": r.reason}
+                 for r in resolved]
         for line in lines:
             console.print(f"  {line['action']:<12} {line['version_id']:<14} {line['status']}"
                           + (f" {line['reason']}" if line["reason"] else ""))
         if not lines:
             console.print("nothing to resolve")
-        settled = {"COMMITTED", "FAILED_CLEAN", "RECLAIMED", "REHYDRATED"}
-        code = Exit.OK if all(line["status"] in settled for line in lines) else Exit.UNKNOWN
+        code = Exit.OK if all(r.settled for r in resolved) else Exit.UNKNOWN
         print("RECEIPT " + json.dumps({"resolved": lines, "exit": int(code)}, sort_keys=True), flush=True)
         return int(code)
 
     return _run(main)
+
+
+# ---------------------------------------------------------------- registry
+
+
+def registry(args: argparse.Namespace) -> int:
+    """Start the registry actor over `--journal`, recording the engines' URLs; `--detach`: leave it running in the
+    cluster and exit; otherwise serve in the foreground until SIGINT or SIGTERM, then end the actor (the journal
+    stays: starting again recovers it)."""
+    if args.detach and args.address == "local":
+        print("error: --detach needs a cluster that outlives this command (--address auto or ADDRESS, after "
+              "`ray start --head`)", file=sys.stderr)
+        return int(Exit.ERROR)
+    try:
+        info = start_registry(args.journal, args.engines, key_file=args.key_file, capacity=args.capacity,
+                              epoch=args.epoch, address=None if args.address == "local" else args.address,
+                              name=args.name, namespace=args.namespace, detached=args.detach)
+    except (ValueError, ConnectionError) as exc:
+        print(f"error: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return int(Exit.ERROR)
+    engines = ",".join(f"{name}={url}" for name, url in info.engines.items())
+    print(f"registry {info.name!r} (namespace {info.namespace!r}) at Ray address {info.address}: epoch {info.epoch}, "
+          f"engines {engines}, journal {info.journal}" + ("; detached: `versioned-lora registry-stop` ends it"
+                                                          if info.detached else ""), flush=True)
+    print("REGISTRY " + json.dumps({"address": info.address, "name": info.name, "namespace": info.namespace,
+                                    "epoch": info.epoch, "engines": dict(info.engines), "journal": info.journal,
+                                    "detached": info.detached}, sort_keys=True), flush=True)
+    if args.detach:
+        return int(Exit.OK)
+    stop = False
+
+    def request_stop(*_: object) -> None:
+        nonlocal stop
+        stop = True
+
+    signal.signal(signal.SIGTERM, request_stop)
+    signal.signal(signal.SIGINT, request_stop)
+    while not stop:
+        time.sleep(0.2)
+    stop_registry(info.name, info.namespace, address=None)
+    print("registry stopped (its journal keeps every call)", flush=True)
+    return int(Exit.OK)
+
+
+def registry_stop(args: argparse.Namespace) -> int:
+    try:
+        stop_registry(args.name, args.namespace, address=args.address)
+    except ValueError as exc:
+        print(f"error: no registry actor {args.name!r} in namespace {args.namespace!r}: {exc}", file=sys.stderr)
+        return int(Exit.ERROR)
+    print(f"registry {args.name!r} stopped", flush=True)
+    return int(Exit.OK)
 
 
 # ---------------------------------------------------------------- diagram
@@ -477,6 +444,8 @@ def add_commands(sub: Any) -> None:
     add_connection_arguments(p, token=True)
     p.add_argument("--model", help="base model directory for the probe's reference forward (default: tiny fixture)")
     p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
+    p.add_argument("--wait-for-slot", type=float, metavar="SECONDS", help="refused for capacity: reclaim what is "
+                   "eligible and wait up to SECONDS for a free slot, then publish (default: exit 3 at once)")
     add_lease_arguments(p)
     add_snapshots_argument(p)
     p.set_defaults(func=publish)
@@ -495,10 +464,33 @@ def add_commands(sub: Any) -> None:
     add_snapshots_argument(p)
     p.set_defaults(func=resolve)
 
+    p = sub.add_parser("registry", help="run the registry actor over a journal, recording the engines' URLs")
+    p.add_argument("--journal", required=True, metavar="PATH", help="the registry's SQLite journal (created if "
+                   "absent; it keeps every call and the deployment's epoch)")
+    p.add_argument("--engines", required=True, metavar="NAME=URL,...", help="the engines, named (E0=http://..."
+                   ",E1=...) or as URLs in order (named E0, E1, ...)")
+    p.add_argument("--key-file", help="the capability key file the engines were started with")
+    p.add_argument("--capacity", type=int, default=2, help="managed adapter slots per engine (default 2)")
+    p.add_argument("--epoch", type=int, help="the deployment epoch (default: the journal's, else the current Unix "
+                   "time in microseconds: a fresh epoch per fresh journal)")
+    p.add_argument("--address", default="auto", help="Ray cluster address (default: auto, after `ray start --head`;"
+                   " local: a cluster of this process's own, foreground only)")
+    p.add_argument("--namespace", default=REGISTRY_NAMESPACE)
+    p.add_argument("--name", default=REGISTRY_ACTOR_NAME)
+    p.add_argument("--detach", action="store_true", help="leave the actor running in the cluster and exit "
+                   "(default: serve in the foreground until Ctrl-C or SIGTERM)")
+    p.set_defaults(func=registry)
+
+    p = sub.add_parser("registry-stop", help="end a detached registry actor (its journal stays)")
+    p.add_argument("--address", default="auto")
+    p.add_argument("--namespace", default=REGISTRY_NAMESPACE)
+    p.add_argument("--name", default=REGISTRY_ACTOR_NAME)
+    p.set_defaults(func=registry_stop)
+
     p = sub.add_parser("diagram", help="print the Mermaid state diagram of the transition table")
     p.add_argument("machine", nargs="?", metavar="MACHINE", help=f"one of {', '.join(m.value for m in Machine)} "
                    "(default: all)")
     p.set_defaults(func=diagram)
 
 
-__all__ = ["Exit", "OperationError", "add_commands", "mermaid", "publish_exit", "reclaim_exit"]
+__all__ = ["Exit", "OperationError", "add_commands", "mermaid", "publish_exit", "reclaim_exit", "registry"]
