@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from lease_helpers import fence_of
+from registry_faults import FaultyRegistryActor
 
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
 from versioned_lora.lifecycle import (
@@ -35,7 +36,8 @@ def digest_of(version: VersionKey) -> str:
 
 def new_actor(tmp_path: Path, **kwargs: Any) -> tuple[Any, RayRegistry]:
     """A registry actor with its own name and journal (tests must not share a registry)."""
-    handle = create_registry_actor(tmp_path / "registry.sqlite", name=f"registry-{uuid.uuid4().hex[:8]}", **kwargs)
+    handle = create_registry_actor(tmp_path / "registry.sqlite", name=f"registry-{uuid.uuid4().hex[:8]}",
+                                   actor_class=FaultyRegistryActor, **kwargs)
     return handle, RayRegistry(handle, retry_deadline_s=60.0)
 
 

@@ -14,7 +14,8 @@ from typing import Any
 from immutables import Map
 from test_lost_replies_injected import ENGINES, RecordingEngine, candidate
 
-from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
+from versioned_lora.adapters.ray_registry import LocalRegistry
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import LeaseGranted, drivers
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.publisher import Publisher, PublishStatus

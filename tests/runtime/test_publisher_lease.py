@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from versioned_lora.adapters.engine_link import Candidate
-from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
+from versioned_lora.adapters.ray_registry import LocalRegistry
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
 from versioned_lora.fixtures import build_fixtures
 from versioned_lora.lifecycle import (

@@ -22,7 +22,7 @@ from lease_helpers import fence_of
 from registry_helpers import A, B, digest_of, new_actor, publish, refs
 
 from versioned_lora.adapters.journal import JournalConfigMismatch, JournalCorrupt, dumps_row, loads, state_digest
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import (
     BindFirst,
     CloseAndRelease,
