@@ -93,17 +93,14 @@ class NameMismatch(Exception):
     """The registry reserved another lora_name than the candidate carries: nothing is staged under it."""
 
 
-class PublishStatus(StrEnum):
-    """How one `publish` (or `recover`) ended, as the caller sees it."""
-
-    COMMITTED = "COMMITTED"  # the version is the default
-    REJECTED = "REJECTED"  # refused before anything was staged (`reason` says why); nothing to clean
-    FAILED_CLEAN = "FAILED_CLEAN"  # aborted, and every engine confirmed its cleanup: the slot is free
-    # Not known yet: a commit that may have landed (being resolved by retrying the same commit), an
-    # abort or reserve whose reply was lost, or a cleanup some engine has not confirmed. The slot stays
-    # taken and no next publication starts until the outcome is known.
-    UNKNOWN = "UNKNOWN"
-    REPLAYED = "REPLAYED"  # the same version and content was reserved before: `version_state` says where it is
+# How one `publish` (or `recover`) ended, as the caller sees it: the publish driver's own outcome, one type (no
+# conversion), of the values COMMITTED (the version is the default); REJECTED (refused before anything was staged,
+# `reason` says why: nothing to clean); FAILED_CLEAN (aborted, and every engine confirmed its cleanup: the slot is
+# free); UNKNOWN (not known yet: a commit that may have landed, being resolved by retrying the same commit, an abort or
+# reserve whose reply was lost, or a cleanup some engine has not confirmed: the slot stays taken and no next
+# publication starts until the outcome is known); REPLAYED (the same version and content was reserved before:
+# `version_state` says where it is).
+PublishStatus = DriverOutcome
 
 
 class UnknownReason(StrEnum):
@@ -292,7 +289,7 @@ class Publisher:
                 outcome = PublishOutcome(status, version, reason=type(why).__name__, lora_name=candidate.lora_name,
                                          attempt_token=token, phases=phases, detail=str(why))
             settled.append(outcome)
-            return drivers.Answer(command.call, DriverOutcome(str(outcome.status)))
+            return drivers.Answer(command.call, outcome.status)
 
         loop = DriverLoop(self.state.publication(version, candidate.digest, candidate.lora_name, fence),
                           self.registry, self.engines, self.seconds, perform=perform)
@@ -540,7 +537,7 @@ class Publisher:
         phases["cleanup"] = phases.get("cleanup", 0.0)
         if report.outcome is not DriverOutcome.FAILED_CLEAN:
             logger.warning("abort of %s: %s (%s); rows %s", version, report.outcome, report.reason, loop.fired)
-        return PublishStatus(report.outcome)
+        return report.outcome
 
     def _settle(self, state: drivers.SettleState) -> DriverLoop:
         loop = DriverLoop(state, self.registry, self.engines, self.seconds)
@@ -561,7 +558,7 @@ class Publisher:
     def _outcome(report: drivers.Report, version: VersionKey, lora_name: str | None, token: str,
                  phases: dict[str, float], loop: DriverLoop) -> PublishOutcome:
         receipt = next((r for r in loop.answers if isinstance(r, Committed)), None)
-        return PublishOutcome(PublishStatus(report.outcome), version, reason=report.reason, lora_name=lora_name,
+        return PublishOutcome(report.outcome, version, reason=report.reason, lora_name=lora_name,
                               attempt_token=token, phases=phases,
                               default_revision=None if receipt is None else int(receipt.receipt.default_revision),
                               detail="commit refused" if report.reason else "")
@@ -605,7 +602,7 @@ class Publisher:
                 outcome = PublishOutcome(await self.abort_and_clean(a.version, a.attempt_token, {}), a.version,
                                          lora_name=a.lora_name, attempt_token=a.attempt_token)
             settled.append(outcome)
-            return drivers.Answer(command.call, DriverOutcome(str(outcome.status)))
+            return drivers.Answer(command.call, outcome.status)
 
         loop = DriverLoop(drivers.recover(), self.registry, self.engines, self.seconds, perform=perform)
         report = await loop.finished()
