@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import versioned_lora
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import (
     AcquireLease,
     BindFirst,

@@ -206,6 +206,7 @@ from versioned_lora.lifecycle.drivers import (
     Lost,
     PendingAttempt,
     PublishState,
+    ReadAttempt,
     ReadIncarnation,
     ReadLiveFence,
     ReadRevision,
@@ -243,6 +244,7 @@ from versioned_lora.lifecycle.drivers import (
     publish,
     reclaim,
     recover,
+    reserve_key,
     restarted_key,
     session,
     settle,
@@ -341,7 +343,7 @@ UNBOUNDED_BY_DESIGN |= {(Driver.GENERATION, p) for p in ("VIEWING", "SENDING", "
 # A rehydrate's placement read (one registry read) and its staging (the stage driver it runs bounds each of its calls
 # with its own deadlines).
 UNBOUNDED_BY_DESIGN |= {(Driver.REHYDRATE, "VIEWING"), (Driver.REHYDRATE, "STAGING")}
-# A recovery's read of the registry (one read), its lease (the acquire is retried under the reserve's deadline inside
+# A recovery's read of the registry (one read), its lease (the acquire is retried under its own deadline inside
 # the publisher's call, then Lost), and its settle (the settle driver bounds each of its calls).
 UNBOUNDED_BY_DESIGN |= {(Driver.RECOVER, "VIEWING"), (Driver.RECOVER, "LEASING"), (Driver.RECOVER, "SETTLING")}
 # A publication's stage and settle drivers (each bounds its own calls) and its wait for the snapshot store (its
@@ -353,8 +355,8 @@ UNBOUNDED_BY_DESIGN |= {(Driver.LEASE, "RENEWING")}
 # the commit timer: the revision read, then the commit):
 # one is armed only while such a call is in flight. (A lease's "renew" is its period and "backoff" a retry pause:
 # armed while nothing is.)
-TIMED_CALLS = {"reserve": {"reserve"}, "commit": {"revision", "commit"}, "abort": {"abort"}, "claim": {"claim"},
-               "bind": {"bind"}, "close": {"begin_close", "close"}, "incarnation": {"incarnation"},
+TIMED_CALLS = {"reserve": {"attempt", "reserve"}, "commit": {"revision", "commit"}, "abort": {"abort"},
+               "claim": {"claim"}, "bind": {"bind"}, "close": {"begin_close", "close"}, "incarnation": {"incarnation"},
                "restarted": {"restarted"}, "acquire": {"live_fence", "acquire"}}
 # The guards with which a row acts on a coordinator's timer, by the timer's name (lifecycle.drivers.GUARDS).
 TIMER_GUARDS = {f"{name}_timer": name for name in ("engine", "abort", "backoff", "report", "bind", "close",
@@ -371,7 +373,7 @@ ANSWER_GUARD = {"reserve": "answers_reserve", "begin": "answers_begin", "prepare
                 "pending": "answers_pending", "lease": "answers_lease", "settle": "answers_settle",
                 "acquire": "answers_acquire", "renew": "answers_renew", "stage": "answers_stage",
                 "store": "answers_store", "revision": "answers_revision",
-                "live_fence": "answers_live_fence"}
+                "live_fence": "answers_live_fence", "attempt": "answers_attempt"}
 STALE = "another publisher"  # the engine field of a call made by another process (its reply is not ours)
 COMMITTED = frozenset({VersionState.PUBLISHED, VersionState.RETIRED})
 ABORTED_STATES = frozenset({VersionState.ABORTED, VersionState.FAILED_CLEAN})
@@ -386,7 +388,7 @@ OUTCOMES = {StageState: {O.STAGED, O.STAGE_FAILED, O.REPLAYED, O.REJECTED, O.UNK
             PublishState: {O.COMMITTED, O.FAILED_CLEAN, O.REPLAYED, O.REJECTED, O.UNKNOWN}}
 CALLS = (Submit, StageEngine, CheckProbe, CleanupEngine, ReclaimEngine, ViewDispatch, SendGeneration, AbortGeneration,
          LocalCleanup, ReadIncarnation, ReadRevision, ReadLiveFence, ViewPlacement, Rehydrate, ViewPending, TakeLease,
-         SettleAttempt, RunStage, WaitStored)  # commands that are one call each
+         SettleAttempt, RunStage, WaitStored, ReadAttempt)  # commands that are one call each
 LOCAL_WORK = (RunStage, WaitStored)
 # Refusals no party of these worlds gives, which defensive rows answer (DEFENSIVE_ROWS): BROKEN_PORT_BOUNDS (budget
 # `breaks`) sends one in place of a call's answer, so those rows are checked as every other row is.
@@ -396,7 +398,8 @@ LOCAL_WORK = (RunStage, WaitStored)
 # - An engine's reclaim, a reclaim's confirm, a cleanup's receipt: their refusal is caused by a party these worlds
 #   leave out (a forged or replayed reclaim id that reached the engine first, issue 19; a restart that replaced the
 #   attempt a receipt names).
-OUT_OF_CONTRACT = (ReadRevision, ReadLiveFence, ReadIncarnation, ViewPending, ViewPlacement, SettleAttempt, RunStage)
+OUT_OF_CONTRACT = (ReadRevision, ReadLiveFence, ReadAttempt, ReadIncarnation, ViewPending, ViewPlacement,
+                   SettleAttempt, RunStage)
 OTHER_PARTY = (ConfirmReclaim, RecordCleaned)  # the registry events whose refusal another party causes
 BROKEN_PORT = "REFUSED_BY_NO_PARTY_HERE"
 
@@ -565,8 +568,8 @@ def scenario(name: str, budget: Budget) -> World:
     if name == "commit_bootstrap":  # a deployment's first publication: A READY everywhere, no default yet
         return _world(s, settle(A, s.tokens[A][1], commit=True), budget)
     s.commit(A)
-    if name == "stage":  # publish B: reserve, then stage it on both engines
-        return _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
+    if name == "stage":  # publish B: read its last attempt (none), reserve under the key that derives, then stage it
+        return _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, ""), budget)
     if name == "stage_probe_mismatch":  # B's attempt issued already (a rehydrate's start): staged, E1's probe differs
         token, orders = s.reserve(B)
         w = _world(s, stage(B, token, BUCKETS, orders), budget)
@@ -578,10 +581,14 @@ def scenario(name: str, budget: Budget) -> World:
         # the stash freed there and nothing loaded (issue 41)
         token, orders = s.reserve(B)  # (B's attempt issued already, as stage_probe_mismatch's)
         return attrs.evolve(_world(s, stage(B, token, BUCKETS, orders), budget), load_fails=frozenset({"E1"}))
-    if name == "reserve_retry":  # B's first attempt failed and was cleaned: publishing B again reserves afresh
+    if name == "reserve_retry":  # B's first attempt failed and was cleaned: publishing B again reserves afresh, under
+        before = s.reg  # a key naming that attempt: the first reserve's key, journaled, answers with the old attempt
         s.stage(B)
         s.abort_and_clean(B)
-        return _world(s, publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B-again"), budget)
+        _, reserved, effects = CORE.step(before, Reserve(B, DIGESTS[B], s.fence))
+        start = publication(B, DIGESTS[B], lora_name(B, DIGESTS[B]), BUCKETS, "")
+        w = _world(s, start, budget)
+        return attrs.evolve(w, journal=Map({reserve_key(start, ""): Reply(reserved, tuple(effects))}))
     if name == "reserve_name_mismatch":  # the candidate carries another name than the registry reserves
         w = _world(s, publication(B, DIGESTS[B], "not-" + lora_name(B, DIGESTS[B]), BUCKETS, "reserve:B"), budget)
         return attrs.evolve(w, bad_name=True)
@@ -811,11 +818,11 @@ def _lease_world(name: str, budget: Budget) -> World:
     s.commit(A)
     others: list[tuple[str, Any]] = [("expire", ExpireLease(1))]
     if name == "lease":
-        keeper = keep_lease(HOLDER, 10.0, "lease:1")
+        keeper = keep_lease(HOLDER, 10.0)
         others += [("take_over", TakeOverLease(RIVAL, 1, 10.0)), ("release", ReleaseLease(RIVAL, 2))]
     else:
         s.reg_step(AcquireLease(RIVAL, 10.0))
-        keeper = keep_lease(HOLDER, 10.0, "lease:1", take_over=True)
+        keeper = keep_lease(HOLDER, 10.0, take_over=True)
         others += [("take_over", TakeOverLease(THIRD, 1, 10.0))]
     net = _sorted(("req", Submit(Call(op, STALE), event, f"{op}:other")) for op, event in others)
     return attrs.evolve(_world(s, keeper, budget), net=net)
@@ -839,7 +846,7 @@ def _publish_world(name: str, budget: Budget) -> World:
     version = {"publish_replay": A}.get(name, B)
     if name == "publish_at_capacity":
         version = _fill_window(s, budget.capacity)
-    w = _world(s, publish(version, lora_name(version, DIGESTS[version])), budget)
+    w = _world(s, publish(version, lora_name(version, DIGESTS[version]), NO_FENCE, DIGESTS[version]), budget)
     return attrs.evolve(w, bad_manifests=frozenset({"E1"}) if name == "publish_bad_manifest" else frozenset(),
                         unstored=frozenset({version}) if name == "publish_unstored" else frozenset())
 
@@ -1041,6 +1048,9 @@ class DriverSystem:
             return w, Answer(command.call, w.registry.default_revision)
         if isinstance(command, ReadLiveFence):  # as the publication view's lease_fence
             return w, Answer(command.call, w.registry.lease.fence)
+        if isinstance(command, ReadAttempt):  # as the publication view's version
+            held = w.registry.versions.get(command.version)
+            return w, Answer(command.call, "" if held is None else held.attempt_token)
         if isinstance(command, ViewPlacement):
             return w, Answer(command.call, w.registry.placements[(command.version, command.engine)].state)
         if isinstance(command, Rehydrate):
@@ -1721,11 +1731,11 @@ def _lease_problems(w: World) -> list[str]:
         out.append("lost_only_when_lost: a keeper never granted the lease counts it lost")
     for kind, c in w.net:  # (another party's take-over, in flight from the start, is sent as STALE)
         takes_over = isinstance(c, Submit) and c.call.engine != STALE and isinstance(c.event, TakeOverLease)
-        if kind == "req" and (takes_over or isinstance(c, ReadLiveFence)) and not d.take_over:
+        if kind == "req" and takes_over and not d.take_over:
             out.append(f"takes_over_only_when_told: {c} sent by a keeper told to acquire, not to take over")
         if kind == "req" and takes_over and c.event.fence != d.live:
             out.append(f"takes_over_what_it_read: {c.event} sent, the fence read was {d.live!r}")
-    if not isinstance(d.live, int) or (d.live != NO_FENCE and not d.take_over) or d.live > lease.fence:
+    if not isinstance(d.live, int) or d.live > lease.fence:
         out.append(f"takes_over_what_it_read: live fence {d.live!r} noted (take-over: {d.take_over}; the registry "
                    f"granted fences up to {lease.fence})")
     if d.lost and (lease.holder, lease.fence) == (d.holder, d.fence):
@@ -2044,18 +2054,20 @@ WINDOW_SCENARIOS = ("reserve_at_capacity", "publish_at_capacity", "publish", "re
 # One refusal no party here gives (`_breakable`), and a deadline that may fire early (so the refusal may come late):
 # fires the defensive rows of BROKEN_PORT_ROWS.
 BROKEN_PORT_BOUNDS = (Budget(drops=0, dups=0, deadlines=1, cancels=0, breaks=1),)
-BROKEN_PORT_ROWS = frozenset({"revision.refused", "live.refused", "incarnation.refused", "pending.refused",
-                              "placement.refused", "settle.refused", "publish.stage_refused", "publish.settle_refused",
-                              "unload.refused", "unload.late_refusal", "confirm.refused", "cleaned.refused"})
+BROKEN_PORT_ROWS = frozenset({"revision.refused", "live.refused", "attempt.refused", "incarnation.refused",
+                              "pending.refused", "placement.refused", "settle.refused", "publish.stage_refused",
+                              "publish.settle_refused", "unload.refused", "unload.late_refusal", "confirm.refused",
+                              "cleaned.refused"})
 # Rows neither DRIVER_BOUNDS nor THREE_ENGINE_BOUNDS fires. Six answer a refusal that only a party these scenarios
 # leave out produces (a rehydrate attempt that changes an engine's attempt under a pending cleanup; a forged or
 # replayed reclaim id, issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input
 # that no executor following driver_loop.py produces (a port outside its contract): each ends the wait for that call
 # at once (REJECTED, UNKNOWN, an abort, a failed rehydrate). The crowd fires two
-# (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS the other twelve (BROKEN_PORT_ROWS).
+# (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS the other thirteen (BROKEN_PORT_ROWS).
 DEFENSIVE_ROWS = {
     "revision.refused": "a registry read is answered or lost; a typed refusal of it is a port outside its contract",
-    "live.refused": "the same, for a take-over's read of the live lease fence",
+    "live.refused": "the same, for a lease keeper's read of the lease's fence",
+    "attempt.refused": "the same, for a publication's read of its version's last attempt (the reserve's key)",
     "clean.refused": "cleanup.other_attempt / cleanup.reclaimed: a rehydrate attempt replaced the one cleaned",
     "cleaned.refused": "cleaned.stale_attempt: a restart replaced the attempt after the engine cleaned it",
     "unknown.refused": "unknown.stale_attempt: the same, for an UNKNOWN receipt",

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import uuid
 
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import AcquireLease, LeaseGranted
 from versioned_lora.runtime.interfaces import RegistryPort
 from versioned_lora.runtime.publisher import DEFAULT_HOLDER

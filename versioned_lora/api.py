@@ -37,11 +37,11 @@ import attrs
 from versioned_lora.adapters.ray_registry import (
     REGISTRY_ACTOR_NAME,
     REGISTRY_NAMESPACE,
-    OperationsView,
     RayRegistry,
     create_registry_actor,
     recorded_epoch,
 )
+from versioned_lora.adapters.registry_core import OperationsView
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.interfaces import BackendFailure, BackendResponse, OutcomeUnknown

@@ -5,7 +5,7 @@ A capability is an HMAC-SHA256 over (action, lora_name, attempt token or reclaim
 the registry actor and the engines hold (`KEY_ENV` in their environments; never the publisher's or the
 reclaimer's). The lora_name carries the deployment epoch and the digest prefix, so a capability is bound to
 one epoch and one version; the action and the reference bind it to one call. The registry signs when it
-answers (`adapters.ray_registry.RegistryCore`): a cleanup only for a version that is ABORTED (an abort
+answers (`adapters.registry_core.RegistryCore`): a cleanup only for a version that is ABORTED (an abort
 row), a reclaim only for one that is RECLAIMING (a claim row), never at reserve, so a publisher never holds
 a capability to clean a version it later commits. The journal keeps the unsigned answer; an answer replayed
 from it is signed again, so recovery and a key change (same key on registry and engines) strand nothing.

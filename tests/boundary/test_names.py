@@ -10,7 +10,7 @@ import pytest
 from engine_helpers import fresh_name
 from lease_helpers import fence
 
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import Reserve, Reserved, VersionKey
 from versioned_lora.spec.identities import (
     LORA_NAME_MAX_LEN,

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from engine_helpers import PROMPT, TEST_TOKEN, capability_key_file
+from registry_faults import FaultyRegistryActor
 
 from versioned_lora.adapters.reference_forward import ReferenceModel
 from versioned_lora.demo.stack import Stack
@@ -36,6 +37,8 @@ LOADED_HOST_DEADLINES = Deadlines(reserve=30.0, begin=90.0, bucket=60.0, commit=
 
 
 class Deployment(Stack):
+    registry_actor = FaultyRegistryActor  # tests arm its hold at a point of a call (test_registry_kills.py)
+
     def __init__(self, engines: Any, fixtures: Any, tmp_path: Path, deadlines: Deadlines | None = None,
                  key_file: Path | None = None, capacity: int = 2) -> None:
         super().__init__(

@@ -11,6 +11,7 @@ import asyncio
 import sys
 
 import ray
+from held_transfer import HeldAfterBucket
 
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.engine_staging import EngineStaging
@@ -27,9 +28,8 @@ PROMPT = list(range(10, 30))
 async def main(registry_name: str, epoch: int, urls: list[str], token: str, adapter_dir: str, address: str) -> None:
     ray.init(address=address, namespace=REGISTRY_NAMESPACE, log_to_driver=False, configure_logging=False)
     registry = RayRegistry.find(registry_name, REGISTRY_NAMESPACE)
-    ports = {f"E{i}": EngineStaging(f"E{i}", SGLangClient(url, token=token), PROMPT) for i, url in enumerate(urls)}
-    for port in ports.values():
-        port.hold_after_bucket = 1
+    ports = {f"E{i}": HeldAfterBucket(EngineStaging(f"E{i}", SGLangClient(url, token=token), PROMPT), after=1)
+             for i, url in enumerate(urls)}
     snapshot = snapshot_from_adapter_dir(adapter_dir)
     version = VersionKey(epoch, "B")
     candidate = Candidate.build(lora_name(version, snapshot.digest), snapshot, 8 * 1024)

@@ -18,6 +18,7 @@ from typing import Any
 
 from deployment import Deployment
 from engine_helpers import PROMPT, TEST_TOKEN, run
+from held_transfer import HeldAfterBucket
 from lease_helpers import fence_of
 from test_publication_e2e import deployed
 
@@ -45,8 +46,8 @@ def test_engine_killed_mid_transfer_keeps_old_default_then_cleans_after_restart(
 
             b_version, b = d.candidate("B")
             assert b.bucket_count >= 3
-            e1 = d.ports["E1"]
-            e1.hold_after_bucket = 1  # fault injection: the sender holds E1's transfer after bucket 1
+            e1 = HeldAfterBucket(d.ports["E1"], after=1)  # injected: the sender holds E1's transfer after bucket 1
+            d.publisher.engines["E1"] = e1
             publication = asyncio.create_task(d.publisher.publish(b_version, b))
             await asyncio.wait_for(e1.held.wait(), 60)
             stashes = (await d.clients["E1"].status())["staging"]["stashes"]
@@ -65,7 +66,7 @@ def test_engine_killed_mid_transfer_keeps_old_default_then_cleans_after_restart(
             assert (again.output_ids, again.logprobs) == (before.output_ids, before.logprobs)
 
             engines.e1.restart()
-            e1.hold_after_bucket = None
+            d.publisher.engines["E1"] = d.ports["E1"]
             await d.publisher.sync_incarnations()  # new incarnation: A must be rehydrated on E1
             await d.publisher.rehydrate(a_version, a, "E1")
             recovered = await d.publisher.recover()  # finish B's cleanup on the new incarnation

@@ -87,7 +87,8 @@ def test_a_reclaim_by_a_registry_of_another_key_is_refused_key_mismatch_before_t
     from lease_helpers import fence
 
     from versioned_lora.adapters.engine_staging import staging_ports
-    from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
+    from versioned_lora.adapters.ray_registry import LocalRegistry
+    from versioned_lora.adapters.registry_core import RegistryCore
     from versioned_lora.capabilities import new_key, parse_key
     from versioned_lora.lifecycle import Commit, RecordPrepared, RecordReady, Reserve, VersionKey
     from versioned_lora.runtime.reclaimer import Reclaimer

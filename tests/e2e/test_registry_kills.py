@@ -6,9 +6,10 @@ and incarnations may differ); no session changed version.
 
 Real Ray registry actor (restarted by Ray, recovering its journal), two real engines, Publisher, Reclaimer,
 SessionBinder over a CoalescingRegistry (so closes travel in batches). The kill lands on its step on purpose:
-`KillAt` arms the actor's test-only hold (`RegistryCore.arm_fault`) just before the call it targets, and kills
-the process while that call is held: after the call is journaled (`after_commit`), so only its reply is lost,
-or in the middle of a batch (`mid_batch`), so the whole batch is lost. `RayRegistry` retries the same key.
+`KillAt` arms the actor's test-only hold (`FaultyRegistryActor.arm_fault`, tests/registry_faults.py) just before the
+call it targets, and kills the process while that call is held: after the call is journaled (`after_commit`), so only
+its reply is lost, or in the middle of a batch (`mid_batch`), so the whole batch is lost. `RayRegistry` retries the
+same key.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from versioned_lora.lifecycle.drivers import (
     GenerationState,
     Lost,
     PendingAttempt,
+    ReadAttempt,
     ReclaimEngineState,
     Refusal,
     RehydrateState,
@@ -83,6 +84,7 @@ from versioned_lora.spec.drivers import (
     Input,
     uncovered_driver_pairs,
 )
+from versioned_lora.spec.events import Reserve
 from versioned_lora.spec.identities import SessionKey, VersionKey
 from versioned_lora.spec.model import CommitReceipt
 from versioned_lora.spec.reasons import Reason
@@ -254,6 +256,29 @@ def test_a_publication_stages_exactly_the_engines_its_reserve_names_and_a_lost_r
     assert [c.key for c in commands if isinstance(c, Submit)] == ["reserve:B:k", "reserve:B:k"]
     assert [(c.call.op, c.engine) for c in commands if isinstance(c, StageEngine)] == [("begin", "E0")]
     assert state.attempt_token == "t" and set(state.engines) == {"E0"}
+
+
+def test_a_publication_reads_the_versions_last_attempt_and_reserves_under_the_key_that_derives() -> None:
+    """No clock, no uuid: the reserve's key names the version's last attempt the registry held when read, so a version
+    aborted and cleaned since (a new last attempt) is reserved under a new key, and the same read derives the same key
+    (two publishers stepped from the same state send the same reserve)."""
+    read = ReadAttempt(Call("attempt"), B)
+    state, fired, commands = _run(publication(B, "d", "n-E0", 2, ""), Start(), Lost(Call("attempt")),
+                                  Answer(Call("attempt"), ""))
+    assert fired == ["reserve.view", "attempt.lost", "attempt.read"]
+    assert commands == [read, Arm(Timer("reserve"), "reserve"), read,
+                        Submit(Call("reserve"), Reserve(B, "d"), "reserve:0:B:d:none")]
+    assert (state.phase, state.reserve_key) == ("RESERVING", "reserve:0:B:d:none")
+    again, _, _ = _run(publication(B, "d", "n-E0", 2, ""), Start(), Answer(Call("attempt"), ""))
+    assert again == state
+    _, _, commands = _run(publication(B, "d", "n-E0", 2, ""), Start(), Answer(Call("attempt"), "t1"))
+    assert commands[-1].key == "reserve:0:B:d:t1"
+    for inp, row, outcome in ((Refusal(Call("attempt"), "BROKEN"), "attempt.refused", DriverOutcome.REJECTED),
+                              (Deadline(Timer("reserve")), "attempt.deadline", DriverOutcome.UNKNOWN),
+                              (Cancel(), "attempt.cancel", DriverOutcome.UNKNOWN)):
+        state, fired, commands = _run(publication(B, "d", "n-E0", 2, ""), Start(), inp)
+        assert (state.phase, fired[-1], state.reserve_key) == ("DONE", row, ""), fired
+        assert commands[-1].outcome is outcome and not [c for c in commands if isinstance(c, Submit)]
 
 
 def test_a_reserve_under_another_name_stages_nothing_and_fails_the_attempt() -> None:

@@ -17,6 +17,7 @@ from versioned_lora.lifecycle.drivers import (
     Cancel,
     Lost,
     PendingAttempt,
+    PublisherState,
     PublishState,
     Refusal,
     Report,
@@ -33,13 +34,14 @@ from versioned_lora.spec.states import VersionState
 
 B = VersionKey(0, "B")
 O = DriverOutcome  # noqa: E741
-NAME, TOKEN, FENCE = "name-B", "tb", 3
+NAME, TOKEN, FENCE, DIGEST = "name-B", "tb", 3, "dB"
 ATTEMPT = PendingAttempt(B, VersionState.LOADING, TOKEN, NAME, True)
 
 
 def _staged(outcome: DriverOutcome, token: str = TOKEN) -> tuple[PublishState, list[str], list[object]]:
-    state, fired, commands = _run(publish(B, NAME, FENCE), Start(), Answer(Call("stage"), StageResult(outcome, token)))
-    assert (fired[0], commands[0]) == ("publish.start", RunStage(Call("stage")))
+    state, fired, commands = _run(publish(B, NAME, FENCE, DIGEST), Start(),
+                                  Answer(Call("stage"), StageResult(outcome, token)))
+    assert (fired[0], commands[0]) == ("publish.start", RunStage(Call("stage"), B, DIGEST, NAME, FENCE, ""))
     return state, fired[1:], commands[1:]
 
 
@@ -82,3 +84,22 @@ def test_a_caller_that_gives_up_ends_the_publication_and_late_answers_change_not
     assert (state.phase, fired) == ("DONE", ["publish.cancel", "publish.late_reply", "publish.late_lost",
                                               "publish.late_cancel"])
     assert commands == [Report(O.UNKNOWN)]
+
+
+def test_a_reserve_left_unknown_is_sent_again_for_the_same_content_only() -> None:
+    """The reserve-key retry policy is driver state (rows reserve.deadline, publish.stage_unknown): a publisher carries
+    the key of a reserve whose outcome is unknown to the next publication of the same content, and drops it once that
+    publication knows its outcome; other content starts with no key (its stage driver derives one, reserve_key)."""
+    fresh = PublisherState()
+    assert fresh.publication(B, DIGEST, NAME, FENCE) == publish(B, NAME, FENCE, DIGEST)
+    state, _, _ = _run(fresh.publication(B, DIGEST, NAME, FENCE), Start(),
+                       Answer(Call("stage"), StageResult(O.UNKNOWN, "", "reserve:0:B:dB:none")))
+    kept = fresh.after(state)
+    again = kept.publication(B, DIGEST, NAME, FENCE)
+    assert again.reserve_key == "reserve:0:B:dB:none" and kept.publication(B, "other", NAME, FENCE).reserve_key == ""
+    _, _, commands = _run(again, Start())
+    assert commands == [RunStage(Call("stage"), B, DIGEST, NAME, FENCE, "reserve:0:B:dB:none")]
+    state, _, _ = _run(again, Start(), Answer(Call("stage"), StageResult(O.REPLAYED, TOKEN, "reserve:0:B:dB:none")))
+    assert kept.after(state) == fresh and fresh.after(state) is fresh  # known now: nothing to send again
+    cancelled, _, _ = _run(again, Start(), Cancel())  # a publication the caller left keeps no key (recover settles)
+    assert kept.after(cancelled) == fresh

@@ -56,8 +56,10 @@ LOST_AND_DEADLINE = (
     ("bind.lost", "bind.deadline"), ("closing.lost", "closing.deadline"), ("release.lost", "release.deadline"),
     # the restart supervisor's read and report (a rehydrate's calls end by the stage driver's own deadlines)
     ("incarnation.lost", "incarnation.deadline"), ("adopt.lost", "adopt.deadline"),
-    # the lease keeper's acquire, and a take-over's read of the live fence before it (a renewal's is its ttl)
+    # the lease keeper's acquire, and its read of the fence before it (a renewal's is its ttl)
     ("acquire.lost", "acquire.deadline"), ("live.lost", "live.deadline"),
+    # a publication's read of its version's last attempt before the reserve (under the reserve's timer)
+    ("attempt.lost", "attempt.deadline"),
 )
 
 

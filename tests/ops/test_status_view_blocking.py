@@ -10,7 +10,7 @@ import socket
 
 from lease_helpers import fence
 
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.lifecycle import Abort, RecordUnknown, Reserve, VersionKey
 from versioned_lora.ops.status_view import BlockingKind, read_engine, status_rows

@@ -1,10 +1,10 @@
 """`versioned-lora publish` whose reserve's answer does not come back in time exits 6 (UNKNOWN) and keeps the slot;
 `resolve` then settles it (live deployment: real Ray registry actor, the session's two real engines).
 
-Injected: the registry actor holds its answer to the CLI's reserve (`RegistryCore.arm_fault("after_commit")`, the
-test-only hold: the reserve is journaled, its reply waits) past the reserve deadline. To make the reserve the
-next journaled call, the test takes the publisher lease for the CLI's holder name first, so the CLI's own acquire
-is the holder's replay (a keep row, nothing journaled)."""
+Injected: the registry actor holds its answer to the CLI's reserve (`FaultyRegistryActor.arm_fault("after_commit")`,
+tests/registry_faults.py, the test-only hold: the reserve is journaled, its reply waits) past the reserve deadline. To
+make the reserve the next journaled call, the test takes the publisher lease for the CLI's holder name first, so the
+CLI's own acquire is the holder's replay (a keep row, nothing journaled)."""
 
 from __future__ import annotations
 

@@ -10,6 +10,7 @@ from typing import Any
 
 from engine_helpers import capability_key_file
 from lease_helpers import fence_of
+from registry_faults import FaultyRegistryActor
 
 from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
 from versioned_lora.lifecycle import (
@@ -36,9 +37,10 @@ def digest_of(version: VersionKey) -> str:
 
 def new_actor(tmp_path: Path, **kwargs: Any) -> tuple[Any, RayRegistry]:
     """A registry actor with its own name and journal (tests must not share a registry), under the suite's key (a
-    registry does not start without one: issue 41)."""
+    registry does not start without one: issue 41); its class the test-only one with fault hooks."""
     kwargs.setdefault("capability_key_file", capability_key_file())
-    handle = create_registry_actor(tmp_path / "registry.sqlite", name=f"registry-{uuid.uuid4().hex[:8]}", **kwargs)
+    handle = create_registry_actor(tmp_path / "registry.sqlite", name=f"registry-{uuid.uuid4().hex[:8]}",
+                                   actor_class=FaultyRegistryActor, **kwargs)
     return handle, RayRegistry(handle, retry_deadline_s=60.0)
 
 

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from lease_helpers import fence
 
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import (
     BindFirst,
     ClaimReclaim,

@@ -10,7 +10,7 @@ import pytest
 from lease_helpers import fence
 
 from versioned_lora import capabilities
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.capabilities import Action, mint, verify
 from versioned_lora.lifecycle import Abort, ClaimReclaim, Commit, RecordPrepared, RecordReady, Reserve, VersionKey
 from versioned_lora.lifecycle.effects import CleanupOnEngine, ReclaimOnEngine

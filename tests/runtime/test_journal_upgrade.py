@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from versioned_lora.adapters.journal import FORMAT_VERSION, JournalFormatUnsupported
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import Commit, VersionKey
 
 # The registries built here serve no real engine: keyless, and said so (insecure=True; issue 41).

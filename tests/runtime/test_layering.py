@@ -40,8 +40,9 @@ def test_adapters_implement_the_runtime_ports() -> None:
 def test_the_driver_executors_decide_nothing_by_state_or_reason() -> None:
     """The Reclaimer, the restart supervisor and the driver loop execute spec/drivers.py's rows: they import no
     state or reason names (what they would compare to decide), and read no view of the registry, except where a
-    driver commands it: the supervisor's `ViewPlacement`, the driver loop's `ReadRevision` (the settle driver's) and
-    `ReadLiveFence` (the lease keeper's, for a take-over)."""
+    driver commands it: the supervisor's `ViewPlacement`, the driver loop's `ReadRevision` (the settle driver's),
+    `ReadLiveFence` (the lease keeper's: its acquire's key names the fence) and `ReadAttempt` (a publication's stage
+    driver's: its reserve's key names the version's last attempt)."""
     folder = Path(runtime_pkg.__file__).parent
     for name in ("reclaimer.py", "driver_loop.py", "supervisor.py"):
         path = folder / name
@@ -55,8 +56,8 @@ def test_the_driver_executors_decide_nothing_by_state_or_reason() -> None:
     assert "if isinstance(command, ViewPlacement):\n                view = await self.publisher.registry." \
            "publication_view()" in supervisor
     loop = (folder / "driver_loop.py").read_text()
-    assert "if isinstance(command, (ReadRevision, ReadLiveFence)):\n                view = await self.registry." \
-           "publication_view()" in loop
+    assert "if isinstance(command, (ReadRevision, ReadLiveFence, ReadAttempt)):\n                view = await " \
+           "self.registry.publication_view()" in loop
     # The Publisher's two reads: the recovery driver's `ViewPending`, and `rehydrate` (a caller that names the version
     # and the engine; the supervisor's rows are what decides a rehydrate). A take-over's fence is the keeper's read.
     publisher = (folder / "publisher.py").read_text()

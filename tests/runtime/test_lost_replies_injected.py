@@ -18,7 +18,8 @@ from typing import Any
 import attrs
 import pytest
 
-from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
+from versioned_lora.adapters.ray_registry import LocalRegistry
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.dispatch_gate import DispatchGate, VersionUnavailable

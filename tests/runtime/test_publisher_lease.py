@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 
 from versioned_lora.adapters.engine_link import Candidate
-from versioned_lora.adapters.ray_registry import LocalRegistry, RegistryCore
+from versioned_lora.adapters.ray_registry import LocalRegistry
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
 from versioned_lora.fixtures import build_fixtures
 from versioned_lora.lifecycle import (
@@ -134,7 +135,8 @@ def test_the_keeper_a_publication_runs_renews_past_the_ttl_and_stops_once_the_le
         assert await trainer._lease_answer(keeper) == LeaseGranted(DEFAULT_HOLDER, 1, 1.5) and trainer.fence == 1
         await asyncio.sleep(4.0)  # 2.7 ttls: only the renewals (every 0.5 s) keep it
         assert await cli.acquire_lease() == Rejected(Reason.LEASE_HELD, "lease.held")
-        assert keeper.fired[:2] == ["keeper.start", "acquire.granted"] and keeper.fired.count("renew.renewed") >= 4
+        assert keeper.fired[:3] == ["keeper.start", "live.read", "acquire.granted"]
+        assert keeper.fired.count("renew.renewed") >= 4
         assert not keeper.done
         assert (await cli.acquire_lease(take_over=True)).fence == 2
         final = await asyncio.wait_for(keeper.finished(), 5.0)

@@ -11,7 +11,7 @@ from pathlib import Path
 from lease_helpers import fence
 from test_journal_upgrade import RECORDED, recorded_journal
 
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import (
     ClaimReclaim,
     Commit,

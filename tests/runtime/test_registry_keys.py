@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from versioned_lora import capabilities
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import AcquireLease
 
 KEY = bytes(range(32))

@@ -14,7 +14,7 @@ from pathlib import Path
 from lease_helpers import fence
 from test_bounded_views import ENGINES, EPOCH, publish, reclaim
 
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.adapters.registry_metrics import RegistryMetrics
 from versioned_lora.lifecycle import BindFirst, CloseAndRelease, OpenSession, RegistryEvent, SessionKey, VersionKey
 from versioned_lora.runtime.interfaces import RegistryAnswer

@@ -22,7 +22,7 @@ from lease_helpers import fence_of
 from registry_helpers import A, B, digest_of, new_actor, publish, refs
 
 from versioned_lora.adapters.journal import JournalConfigMismatch, JournalCorrupt, dumps_row, loads, state_digest
-from versioned_lora.adapters.ray_registry import RegistryCore
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import (
     BindFirst,
     CloseAndRelease,
@@ -214,10 +214,10 @@ def test_a_checkpoint_written_over_many_calls_recovers_the_state_it_was_taken_of
     """Slices of 16 records, one per call: a checkpoint of ~400 sessions takes ~25 later calls, which keep
     changing the state meanwhile. A crash before it is finished recovers from the journal alone; after it,
     from the checkpoint plus the later calls, to exactly the live state."""
-    from versioned_lora.adapters import journal, ray_registry
+    from versioned_lora.adapters import journal, registry_core
 
     monkeypatch.setattr(journal, "CHECKPOINT_SLICE", 16)
-    monkeypatch.setattr(ray_registry, "CHECKPOINT_BUDGET_S", 0.0)
+    monkeypatch.setattr(registry_core, "CHECKPOINT_BUDGET_S", 0.0)
     path = tmp_path / "core.sqlite"
     core = RegistryCore(path, checkpoint_every=400, insecure=True)
     run(publish_shadow(core))

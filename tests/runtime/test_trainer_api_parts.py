@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from versioned_lora.adapters.ray_registry import RegistryCore, recorded_epoch
+from versioned_lora.adapters.ray_registry import recorded_epoch
+from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.api import Outcome, PublishResult, engine_map
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.publisher import PublishOutcome, PublishStatus

@@ -39,8 +39,6 @@ class EngineStaging:
         self.bucket_deadline_s = bucket_deadline_s
         self._link: EngineLink | None = None
         self._lock = asyncio.Lock()
-        self.hold_after_bucket: int | None = None  # tests: stop sending after this bucket index
-        self.held = asyncio.Event()
         self._registry_key_ids: tuple[str, ...] | None = None  # None: no registry answer seen yet
         self._key_checked: tuple[int, tuple[str, ...]] | None = None  # (incarnation, registry key ids) that matched
 
@@ -123,9 +121,6 @@ class EngineStaging:
     async def transfer_bucket(self, candidate: Candidate, attempt_token: str, index: int) -> None:
         link = await self._attempt_link()
         await self._call(link.transfer_bucket(candidate, attempt_token, index))
-        if self.hold_after_bucket is not None and index >= self.hold_after_bucket:
-            self.held.set()
-            await asyncio.Event().wait()  # held until the caller cancels (the test kills the engine)
 
     async def end(self, candidate: Candidate, attempt_token: str) -> ReadyReceipt:
         link = await self._attempt_link()

@@ -16,7 +16,7 @@ from typing import Any
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.adapters.engine_staging import EngineStaging
-from versioned_lora.adapters.ray_registry import RayRegistry, create_registry_actor
+from versioned_lora.adapters.ray_registry import RayRegistry, RegistryActor, create_registry_actor
 from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
 from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
 from versioned_lora.adapters.sglang_client import SGLangClient
@@ -71,6 +71,8 @@ def ensure_ray() -> bool:
 class Stack:
     """Registry actor + engines' clients + Publisher/Reclaimer + SessionBinder, for one deployment epoch."""
 
+    registry_actor: type[RegistryActor] = RegistryActor  # the class hosting the registry (a test's may hold it)
+
     def __init__(
         self,
         urls: Sequence[str],
@@ -98,7 +100,8 @@ class Stack:
         self.registry_name = f"registry-{uuid.uuid4().hex[:8]}"
         self.handle = create_registry_actor(journal, name=self.registry_name,
                                             engines=ENGINE_NAMES[: len(urls)], epoch=self.epoch,
-                                            capability_key_file=capability_key_file, capacity=capacity)
+                                            capability_key_file=capability_key_file, capacity=capacity,
+                                            actor_class=self.registry_actor)
         # The registry's capacity K gates how many versions are held; the engines must have been started with at
         # least K + 1 slots (`start_engines(capacity=K)`, `EngineConfig.capacity`), else a begin is NO_FREE_SLOT.
         self.capacity = capacity

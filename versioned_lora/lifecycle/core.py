@@ -128,7 +128,7 @@ def initial_state(
     `EngineRestarted` from a freshly started engine moves it to the engine's real incarnation. `id_salt`:
     what keys the registry's reclaim ids (`RegistryState.id_salt`). `publisher_lease`: every Reserve and
     Commit must carry the live publisher lease's fence (`RegistryConfig.publisher_lease`); a deployment's
-    registry turns it on (adapters/ray_registry.py), the pure tests mostly leave it off."""
+    registry turns it on (adapters/registry_core.py), the pure tests mostly leave it off."""
     engines = tuple(engines)
     if len(set(engines)) != len(engines) or not engines:
         raise ValueError(f"engines must be distinct and non-empty: {engines!r}")

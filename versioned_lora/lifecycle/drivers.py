@@ -261,10 +261,19 @@ class ReadRevision:
 
 @attrs.frozen
 class ReadLiveFence:
-    """Read the fence of the publisher lease live now (its publication view's): answered with the number (NO_FENCE:
-    none is live)."""
+    """Read the fence of the publisher lease now (its publication view's: the live one, else the last one granted):
+    answered with the number (NO_FENCE: none was ever granted)."""
 
     call: Call  # op: "live_fence"
+
+
+@attrs.frozen
+class ReadAttempt:
+    """Read `version`'s last attempt in the registry (its publication view's): answered with its attempt token ("":
+    the registry holds no such version)."""
+
+    call: Call  # op: "attempt"
+    version: VersionKey
 
 
 @attrs.frozen
@@ -325,19 +334,25 @@ class SettleAttempt:
 
 @attrs.frozen
 class StageResult:
-    """A stage driver's outcome as its publication sees it: the report, and the attempt the registry issued ("" if
-    the reserve's answer never came)."""
+    """A stage driver's outcome as its publication sees it: the report, the attempt the registry issued ("" if
+    the reserve's answer never came), and the key its reserve went under ("" if none was sent)."""
 
     outcome: DriverOutcome
     attempt_token: str
+    reserve_key: str = ""
 
 
 @attrs.frozen
 class RunStage:
-    """Run the publication's stage driver (its reserve and every engine's staging, its own rows): answered with a
-    `StageResult`."""
+    """Run the publication's stage driver (its reserve and every engine's staging, its own rows) for the publication's
+    content, reserving under `reserve_key` ("": the stage driver derives it): answered with a `StageResult`."""
 
     call: Call  # op: "stage"
+    version: VersionKey
+    digest: str
+    lora_name: str
+    fence: int
+    reserve_key: str
 
 
 @attrs.frozen
@@ -371,7 +386,7 @@ class Report:
 # The calls: one I/O each (some run a driver of their own).
 Call_: TypeAlias = (Submit | StageEngine | CheckProbe | CleanupEngine | ReclaimEngine | ViewDispatch | SendGeneration
                     | AbortGeneration | LocalCleanup | ReadIncarnation | ReadRevision | ReadLiveFence | ViewPlacement
-                    | Rehydrate | ViewPending | TakeLease | SettleAttempt | RunStage | WaitStored)
+                    | Rehydrate | ViewPending | TakeLease | SettleAttempt | RunStage | WaitStored | ReadAttempt)
 Command: TypeAlias = Call_ | DropLink | HangUp | Arm | Disarm | Report
 
 # ---------------------------------------------------------------- driver states
@@ -409,7 +424,8 @@ class StageState:
     engines: Map[str, StageEngineState] = attrs.field(factory=Map)
     bucket: int = -1  # the bucket sent last to every engine (-1: none yet)
     reason: str | None = None
-    # A publication's reserve: the content, the name the candidate carries, the caller's key and lease fence.
+    # A publication's reserve: the content, the name the candidate carries, its key ("" until derived from the
+    # version's last attempt, row attempt.read; the caller's after a reserve left unknown) and the lease's fence.
     digest: str = ""
     lora_name: str = ""
     reserve_key: str = ""
@@ -516,14 +532,13 @@ class RecoverState:
 
 @attrs.frozen
 class LeaseState:
-    """A lease keeper: `key` is the acquire's (the caller's, one per acquisition); `take_over`: an operator's take-over
-    of whatever lease is live, whose fence the keeper reads into `live` first (NO_FENCE: none live, an ordinary
-    acquire); `fence` the one granted; `lost`: a renewal was refused."""
+    """A lease keeper: it reads the lease's fence into `live` first (the acquire's key names it); `take_over`: an
+    operator's take-over of that fence (NO_FENCE: none was granted, an ordinary acquire); `fence` the one granted;
+    `lost`: a renewal was refused."""
 
     phase: str
     holder: str
     ttl_s: float
-    key: str
     take_over: bool = False
     live: int = NO_FENCE
     fence: int = NO_FENCE
@@ -534,12 +549,16 @@ class LeaseState:
 @attrs.frozen
 class PublishState:
     """One publication: `stage` is its stage driver's outcome once answered, `outcome` its settle driver's; the settle
-    commits under the lease's `fence`."""
+    commits under the lease's `fence`. `reserve_key`: the key of a reserve left unknown before for this content (its
+    stage driver sends it again), else "" (the stage driver derives it); once staged, the key its reserve went
+    under."""
 
     phase: str
     version: VersionKey
     lora_name: str
     fence: int = NO_FENCE
+    digest: str = ""
+    reserve_key: str = ""
     attempt_token: str = ""
     stage: DriverOutcome | None = None
     outcome: DriverOutcome | None = None
@@ -597,15 +616,38 @@ def recover() -> RecoverState:
     return RecoverState("IDLE")
 
 
-def publish(version: VersionKey, lora_name: str, fence: int = NO_FENCE) -> PublishState:
-    """One publication of `version` (its candidate carries `lora_name`) under the lease's `fence`."""
-    return PublishState("IDLE", version, lora_name, fence)
+def publish(version: VersionKey, lora_name: str, fence: int = NO_FENCE, digest: str = "",
+            reserve_key: str = "") -> PublishState:
+    """One publication of `version` (its candidate carries `lora_name` and `digest`) under the lease's `fence`;
+    `reserve_key`: a reserve of this content left unknown before (`PublisherState.publication` passes it)."""
+    return PublishState("IDLE", version, lora_name, fence, digest, reserve_key)
 
 
-def keep_lease(holder: str, ttl_s: float, key: str, take_over: bool = False) -> LeaseState:
-    """The publisher lease for `holder`, acquired under `key` (`take_over`: the fence live when the keeper reads it
-    ended and taken), then renewed until the caller cancels the keeper."""
-    return LeaseState("IDLE", holder, ttl_s, key, take_over)
+@attrs.frozen
+class PublisherState:
+    """What a publisher carries from one publication to the next: the keys of the reserves whose outcome was left
+    unknown (rows reserve.deadline, publish.stage_unknown), by content. Publishing the same content again sends the
+    same reserve, which the registry answers from its journal; every other key is derived from what a row read."""
+
+    unknown_reserves: Map[tuple[VersionKey, str], str] = attrs.field(factory=Map)
+
+    def publication(self, version: VersionKey, digest: str, lora_name: str, fence: int) -> PublishState:
+        """The next publication of this content: under the key of its reserve left unknown, if there is one."""
+        return publish(version, lora_name, fence, digest, self.unknown_reserves.get((version, digest), ""))
+
+    def after(self, publication: PublishState) -> PublisherState:
+        """The publisher once `publication` ended: its reserve's key is kept only if the reserve's outcome is unknown
+        (a cancelled publication keeps none: `recover` settles what it left)."""
+        content = (publication.version, publication.digest)
+        if publication.stage is DriverOutcome.UNKNOWN and publication.reserve_key:
+            return PublisherState(self.unknown_reserves.set(content, publication.reserve_key))
+        return PublisherState(self.unknown_reserves.delete(content)) if content in self.unknown_reserves else self
+
+
+def keep_lease(holder: str, ttl_s: float, take_over: bool = False) -> LeaseState:
+    """The publisher lease for `holder`, acquired under a key derived from the fence the keeper reads first
+    (`take_over`: that fence ended and taken), then renewed until the caller cancels the keeper."""
+    return LeaseState("IDLE", holder, ttl_s, take_over)
 
 
 def lease_lost(state: LeaseState) -> bool:
@@ -622,6 +664,20 @@ def commit_key(s: SettleState) -> str:
     registry answers with the original receipt if the first landed (commit.replay). Unfenced: no suffix."""
     fenced = f":{s.fence}" if s.fence != NO_FENCE else ""
     return f"commit:{s.attempt_token}:{s.expected_revision}{fenced}"
+
+
+def reserve_key(s: StageState, last_attempt: str) -> str:
+    """One key per content and per attempt of the version the registry held when read: a retry after a lost reply is
+    the same call (the journal answers it), while a version aborted and cleaned since (a new last attempt) is reserved
+    under a new key, never answered by the old attempt's journaled reservation."""
+    return f"reserve:{s.version.epoch}:{s.version.version_id}:{s.digest}:{last_attempt or 'none'}"
+
+
+def acquire_key(s: LeaseState) -> str:
+    """One key per holder and fence read: a grant is journaled only when it moves the fence on, so this key is never
+    read again once it was granted, and a retry after a lost reply is the same call. An acquire the holder's live
+    lease answers (lease.acquire_replay) is a keep row, answered afresh."""
+    return f"{'take_over' if s.take_over else 'lease'}:{s.holder}:{s.live}"
 
 
 def abort_key(s: SettleState) -> str:
@@ -695,6 +751,8 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "some_stage_failed": lambda s, sub, i: any(e.phase == "FAILED" for e in s.engines.values()),
     "more_buckets": lambda s, sub, i: s.bucket + 1 < s.bucket_count,
     "needs_reserve": lambda s, sub, i: not s.engines,
+    "has_reserve_key": lambda s, sub, i: bool(s.reserve_key),
+    "answers_attempt": lambda s, sub, i: _call_op(i) == "attempt" and _shaped(i, str),
     "answers_reserve": lambda s, sub, i: _call_op(i) == "reserve",
     "reserved_answer": lambda s, sub, i: isinstance(_result(i), Reserved),
     "reserved_loading": lambda s, sub, i: isinstance(_result(i), Reserved)
@@ -783,7 +841,6 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
     "answers_acquire": lambda s, sub, i: _call_op(i) == "acquire" and (
         isinstance(_result(i), (LeaseGranted, Rejected)) or not isinstance(i, Answer)),
     "answers_renew": lambda s, sub, i: _call_op(i) == "renew",
-    "takes_over": lambda s, sub, i: s.take_over,
     "answers_live_fence": lambda s, sub, i: _call_op(i) == "live_fence" and _shaped(i, int),
     "acquire_timer": lambda s, sub, i: _timer(i, "acquire"),
     "renew_timer": lambda s, sub, i: _timer(i, "renew"),
@@ -792,7 +849,8 @@ GUARDS: dict[str, Callable[[Any, Any, DriverInput], bool]] = {
 
 def _note_stage(s: PublishState, i: DriverInput) -> PublishState:
     assert isinstance(i, Answer) and isinstance(i.value, StageResult), i  # (its rows' guard: answers_stage)
-    return attrs.evolve(s, stage=i.value.outcome, attempt_token=i.value.attempt_token)
+    return attrs.evolve(s, stage=i.value.outcome, attempt_token=i.value.attempt_token,
+                        reserve_key=i.value.reserve_key)
 
 
 def _staged(i: DriverInput) -> DriverOutcome | None:
@@ -822,7 +880,7 @@ def _owed(s: SuperviseState, i: DriverInput) -> list[StageOnEngine]:
     return [o for o in _stages(i) if o.engine == s.engine and o.attempt_token not in s.own]
 
 def _acquire_event(s: LeaseState) -> RegistryEvent:
-    if s.live != NO_FENCE:  # (read only by a take-over: keeper.take_over)
+    if s.take_over and s.live != NO_FENCE:
         return TakeOverLease(s.holder, s.live, s.ttl_s)
     return AcquireLease(s.holder, s.ttl_s)
 
@@ -992,6 +1050,9 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "submit_reserve": lambda s, sub, i: (s, (Submit(Call("reserve"), Reserve(s.version, s.digest, s.fence),
                                                     s.reserve_key),)),
     "arm_reserve": lambda s, sub, i: (s, (Arm(Timer("reserve"), "reserve"),)),
+    "read_attempt": lambda s, sub, i: (s, (ReadAttempt(Call("attempt"), s.version),)),
+    "note_reserve_key": lambda s, sub, i: (attrs.evolve(s, reserve_key=reserve_key(
+        s, str(i.value) if isinstance(i, Answer) else "")), ()),
     "disarm_reserve": lambda s, sub, i: (s, (Disarm(Timer("reserve")),)),
     "open_stages": lambda s, sub, i: (attrs.evolve(s, attempt_token=_result(i).attempt_token,
                                                    engines=_waiting(_stages(i))), ()),
@@ -1085,12 +1146,14 @@ BUILDERS: dict[str, Callable[[Any, Any, DriverInput], Built]] = {
     "settle_abort": lambda s, sub, i: (s, (SettleAttempt(Call("settle"), s.attempt, False, s.fence),)),
     "note_settled": lambda s, sub, i: (attrs.evolve(s, outcome=i.value) if isinstance(i, Answer) else s, ()),
     # ---- publish (settle_commit, settle_abort and note_settled above: a publication settles as a recovery does)
-    "run_stage": lambda s, sub, i: (s, (RunStage(Call("stage")),)),
+    "run_stage": lambda s, sub, i: (s, (RunStage(Call("stage"), s.version, s.digest, s.lora_name, s.fence,
+                                                 s.reserve_key),)),
     "note_stage": lambda s, sub, i: (_note_stage(s, i), ()),
     "wait_stored": lambda s, sub, i: (s, (WaitStored(Call("store")),)),
     # ---- lease (a renewal's retry pause is its period: it is the timer "renew" again)
-    "submit_acquire": lambda s, sub, i: (s, (Submit(Call("acquire"), _acquire_event(s), s.key),)),
-    "arm_acquire": lambda s, sub, i: (s, (Arm(Timer("acquire"), "reserve"),)),
+    "submit_acquire": lambda s, sub, i: (s, (Submit(Call("acquire"), _acquire_event(s), acquire_key(s)),)),
+    # Its own deadline (Deadlines.acquire), not a publication's: a publisher idle for long acquires as a fresh one.
+    "arm_acquire": lambda s, sub, i: (s, (Arm(Timer("acquire"), "acquire"),)),
     "read_live_fence": lambda s, sub, i: (s, (ReadLiveFence(Call("live_fence")),)),
     "note_live": lambda s, sub, i: (attrs.evolve(s, live=i.value) if isinstance(i, Answer) else s, ()),
     "disarm_acquire": lambda s, sub, i: (s, (Disarm(Timer("acquire")),)),
@@ -1267,7 +1330,8 @@ _STAGE_PHASE_OF_CALL = {"begin": "BEGINNING", "prepared": "BEGINNING", "bucket":
 def stage_phase(state: StageState, op: str | None = None) -> str:
     """The timed phase the coordinator is in (or, given a call's op, the one that call belongs to)."""
     phase = state.phase if op is None else _STAGE_PHASE_OF_CALL[op]
-    return {"RESERVING": "reserve", "BEGINNING": "begin", "ENDING": "end"}.get(phase, f"bucket_{state.bucket}")
+    return {"VIEWING": "reserve", "RESERVING": "reserve", "BEGINNING": "begin", "ENDING": "end"}.get(
+        phase, f"bucket_{state.bucket}")
 
 
 def stage_phase_moved(before: StageState, after: StageState) -> bool:

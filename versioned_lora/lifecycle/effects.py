@@ -58,7 +58,7 @@ class CapacityFreed:
 @attrs.frozen
 class ArmLeaseTimer:
     """(Re)start the registry's timer for the lease under `fence`: `ExpireLease(fence)` once `ttl_s` pass
-    without another arming. Executed by the registry's own process (adapters/ray_registry.py), not the caller."""
+    without another arming. Executed by the registry's own process (adapters/registry_core.py), not the caller."""
 
     fence: int
     ttl_s: float

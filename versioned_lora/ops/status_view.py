@@ -19,7 +19,7 @@ from typing import Any
 
 import attrs
 
-from versioned_lora.adapters.ray_registry import OperationsView
+from versioned_lora.adapters.registry_core import OperationsView
 from versioned_lora.adapters.sglang_client import EngineHTTPError, SGLangClient, UnknownOutcome
 from versioned_lora.runtime.views import PublicationView, VersionView
 from versioned_lora.spec.model import SLOT_HOLDING_ADAPTER_STATES

@@ -18,6 +18,9 @@ class Deadlines:
     completed steps of one publication, whatever phase it is in."""
 
     reserve: float = 10.0
+    # The publisher lease's acquire (with the read of its fence before it): a deadline of its own, not bounded by a
+    # publication's no-progress clock, so a publisher idle for long acquires as a fresh one does.
+    acquire: float = 10.0
     begin: float = 30.0
     bucket: float = 30.0
     end: float = 120.0

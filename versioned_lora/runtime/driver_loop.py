@@ -12,8 +12,8 @@ itself. Commands run as tasks of their own, one I/O each:
 * `StageEngine`: the engine port's `begin`, `transfer_bucket` or `end` of the loop's candidate under the driver's
   attempt; `CheckProbe`: the caller's probe check of an `end` receipt, answered True or False; `DropLink`: the
   port's `drop_link`, at once.
-* `ReadRevision`, `ReadLiveFence`: the registry's publication view, answered with its default revision or its live
-  lease fence (`RegistryUnavailable` is `Lost`).
+* `ReadRevision`, `ReadLiveFence`, `ReadAttempt`: the registry's publication view, answered with its default
+  revision, its lease fence, or the version's last attempt token ("" if unknown) (`RegistryUnavailable` is `Lost`).
 * Before every engine call (`StageEngine`, `CleanupEngine`, `ReclaimEngine`) the port is told the registry's key ids
   (`StagingEnginePort.expect_registry_keys`), as the loop's latest registry answer gave them, or, if this loop has had
   none yet (a rehydrate's `begin` comes first), `RegistryPort.key_ids`: the port refuses an engine of another key
@@ -60,6 +60,7 @@ from versioned_lora.lifecycle.drivers import (
     DropLink,
     HangUp,
     Lost,
+    ReadAttempt,
     ReadLiveFence,
     ReadRevision,
     ReclaimEngine,
@@ -266,9 +267,12 @@ class DriverLoop:
                 self._key_ids = answer.key_ids
                 self.answers.append(answer.result)
                 return Answer(call, Reply(answer.result, answer.effects, answer.capabilities))
-            if isinstance(command, (ReadRevision, ReadLiveFence)):
+            if isinstance(command, (ReadRevision, ReadLiveFence, ReadAttempt)):
                 view = await self.registry.publication_view()
                 self._retries.pop(retry, None)
+                if isinstance(command, ReadAttempt):
+                    held = view.versions.get(command.version)
+                    return Answer(call, "" if held is None else str(held.attempt_token or ""))
                 return Answer(call, view.default_revision if isinstance(command, ReadRevision) else view.lease_fence)
             if not isinstance(command, (CheckProbe, StageEngine, CleanupEngine, ReclaimEngine)):
                 assert self._perform is not None, f"{type(command).__name__} needs the caller's perform"

@@ -41,7 +41,6 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
 from collections import deque
 from collections.abc import Awaitable, Callable, Mapping
 from enum import StrEnum
@@ -94,17 +93,14 @@ class NameMismatch(Exception):
     """The registry reserved another lora_name than the candidate carries: nothing is staged under it."""
 
 
-class PublishStatus(StrEnum):
-    """How one `publish` (or `recover`) ended, as the caller sees it."""
-
-    COMMITTED = "COMMITTED"  # the version is the default
-    REJECTED = "REJECTED"  # refused before anything was staged (`reason` says why); nothing to clean
-    FAILED_CLEAN = "FAILED_CLEAN"  # aborted, and every engine confirmed its cleanup: the slot is free
-    # Not known yet: a commit that may have landed (being resolved by retrying the same commit), an
-    # abort or reserve whose reply was lost, or a cleanup some engine has not confirmed. The slot stays
-    # taken and no next publication starts until the outcome is known.
-    UNKNOWN = "UNKNOWN"
-    REPLAYED = "REPLAYED"  # the same version and content was reserved before: `version_state` says where it is
+# How one `publish` (or `recover`) ended, as the caller sees it: the publish driver's own outcome, one type (no
+# conversion), of the values COMMITTED (the version is the default); REJECTED (refused before anything was staged,
+# `reason` says why: nothing to clean); FAILED_CLEAN (aborted, and every engine confirmed its cleanup: the slot is
+# free); UNKNOWN (not known yet: a commit that may have landed, being resolved by retrying the same commit, an abort or
+# reserve whose reply was lost, or a cleanup some engine has not confirmed: the slot stays taken and no next
+# publication starts until the outcome is known); REPLAYED (the same version and content was reserved before:
+# `version_state` says where it is).
+PublishStatus = DriverOutcome
 
 
 class UnknownReason(StrEnum):
@@ -165,8 +161,13 @@ class Publisher:
         holder: str = DEFAULT_HOLDER,
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         snapshots: SnapshotStorePort | None = None,
+        state: drivers.PublisherState | None = None,
     ) -> None:
         self.registry = registry
+        # What this publisher carries from one publication to the next (the reserves left unknown, by content): a
+        # driver state, so every key is derived from it and from what the rows read (two publishers given the same
+        # state send the same calls).
+        self.state = state or drivers.PublisherState()
         # Where every version this publisher commits is written first, so that any publisher can rehydrate it
         # after this one is gone (None: rehydrates need the caller's candidate).
         self.snapshots = snapshots
@@ -180,7 +181,6 @@ class Publisher:
         # The last commit, run as a task of its own so that neither a deadline nor the caller's
         # cancellation ends it before the registry answered (RFC §3.4: resolved by the same commit).
         self._commit_task: asyncio.Future[PublishOutcome] | None = None
-        self._reserve_keys: dict[tuple[VersionKey, str], str] = {}  # reserves whose reply was lost, by content
         # The last settle drivers this publisher ran, newest last (their fired rows say what decided an
         # outcome); bounded: a long job publishes thousands of versions.
         self.settle_loops: deque[DriverLoop] = deque(maxlen=16)
@@ -241,13 +241,6 @@ class Publisher:
         """Run the publish driver (spec/drivers.py, machine `publish`): the stage driver, the snapshot store's
         write, then the settle driver's commit, or its abort and cleanup, as the rows decide. Here its three calls
         are carried out, and its outcome is told as a PublishOutcome with what each call saw."""
-        # A fresh key per publish call (a version cleaned after a failure may be reserved again: that is a new
-        # call, answered with a new attempt), except after a reserve whose reply was lost: publishing the same
-        # version and content again retries that very call, whose journaled answer names what to stage.
-        unresolved = (version, candidate.digest)
-        key = self._reserve_keys.pop(unresolved, None) or (
-            f"reserve:{version.epoch}:{version.version_id}:{candidate.digest}:{uuid.uuid4().hex}"
-        )
         # Written while the engines stage (a file write of the whole adapter), finished before the commit is sent:
         # a version the registry may serve is always in the store. Content-addressed, so a retry rewrites nothing.
         stored: list[asyncio.Future[None]] = []
@@ -263,8 +256,8 @@ class Publisher:
 
         async def perform(command: Any) -> drivers.DriverInput:
             if isinstance(command, drivers.RunStage):
-                start = drivers.publication(version, candidate.digest, candidate.lora_name, candidate.bucket_count,
-                                            key, fence)
+                start = drivers.publication(command.version, command.digest, command.lora_name,
+                                            candidate.bucket_count, command.reserve_key, command.fence)
                 try:
                     loop, report = await self._run_stage(start, candidate, phases, on_staging=reserved)
                 except Exception as exc:
@@ -273,7 +266,8 @@ class Publisher:
                 stage_loops.append(loop)
                 state = loop.state
                 assert isinstance(state, drivers.StageState)
-                return drivers.Answer(command.call, drivers.StageResult(report.outcome, state.attempt_token))
+                return drivers.Answer(command.call, drivers.StageResult(report.outcome, state.attempt_token,
+                                                                        state.reserve_key))
             if isinstance(command, drivers.WaitStored):
                 try:
                     if stored:
@@ -302,15 +296,18 @@ class Publisher:
                 outcome = PublishOutcome(status, version, reason=failure_reason(why), lora_name=candidate.lora_name,
                                          attempt_token=token, phases=phases, detail=str(why))
             settled.append(outcome)
-            return drivers.Answer(command.call, DriverOutcome(str(outcome.status)))
+            return drivers.Answer(command.call, outcome.status)
 
-        loop = DriverLoop(drivers.publish(version, candidate.lora_name, fence), self.registry, self.engines,
-                          self.seconds, perform=perform)
+        loop = DriverLoop(self.state.publication(version, candidate.digest, candidate.lora_name, fence),
+                          self.registry, self.engines, self.seconds, perform=perform)
         try:
             await loop.finished()
         except asyncio.CancelledError:
             loop.cancel()  # row publish.cancel: a staging in flight is cancelled, a commit goes on
             raise
+        finally:  # a reserve left unknown is sent again for the same content (rows reserve.deadline, stage_unknown)
+            assert isinstance(loop.state, drivers.PublishState)
+            self.state = self.state.after(loop.state)
         if settled:
             return settled[0]
         state = loop.state
@@ -329,9 +326,8 @@ class Publisher:
             return PublishOutcome(PublishStatus.REPLAYED, version, lora_name=candidate.lora_name,
                                   attempt_token=state.attempt_token, phases=phases, version_state=result.state)
         # Row publish.stage_unknown (the stage driver's reserve.deadline): the reserve may have taken a slot;
-        # publishing the same version again retries it under this key.
+        # publishing the same version again retries it under its key (self.state.after kept it).
         assert state.stage is DriverOutcome.UNKNOWN, loop.fired
-        self._reserve_keys[unresolved] = key
         phases.pop("reserve", None)  # not completed
         limit, bound = self._armed.get("reserve", (self.deadlines.reserve, "deadline"))
         return PublishOutcome(PublishStatus.UNKNOWN, version, reason=UnknownReason.RESERVE_OUTCOME_UNKNOWN,
@@ -343,9 +339,9 @@ class Publisher:
         """Take the publisher lease, or keep it (the holder asking again renews it: lease.acquire_replay).
         `take_over`: end the live lease at once, whoever holds it (lease.take_over), for an operator who knows its
         holder is gone; the fence taken over is the one the keeper reads from the registry's view first
-        (keeper.take_over), so a lease that moved on meanwhile is not ended (lease.take_over_moved). Nothing renews it
+        (keeper.start), so a lease that moved on meanwhile is not ended (lease.take_over_moved). Nothing renews it
         afterwards (a publication keeps its own keeper). Raises PhaseDeadlineMissed when the answer did not come within
-        the reserve deadline."""
+        its deadline (`Deadlines.acquire`, however long this publisher was idle)."""
         keeper = self._keeper(take_over)
         try:
             return await self._lease_answer(keeper)
@@ -359,14 +355,12 @@ class Publisher:
             await self.registry.submit(ReleaseLease(self.holder, fence))
 
     def _keeper(self, take_over: bool = False) -> DriverLoop:
-        # A fresh key per acquisition: a retry after a lost reply is the same call; a new acquisition by the same
-        # holder is answered by the holder's replay row (lease.acquire_replay).
-        state = drivers.keep_lease(self.holder, self.lease_ttl_s, f"lease:{self.holder}:{uuid.uuid4().hex}",
-                                   take_over)
+        # The acquire's key is derived from the fence the keeper reads first (drivers.acquire_key).
+        state = drivers.keep_lease(self.holder, self.lease_ttl_s, take_over)
         return DriverLoop(state, self.registry, {}, self._lease_seconds, on_step=self._lease_step)
 
     def _lease_seconds(self, deadline: str) -> float:
-        """A keeper's timers: its renewal period, a third of the lease's ttl; the acquire's, the reserve deadline."""
+        """A keeper's timers: its renewal period, a third of the lease's ttl; the acquire's, its own deadline."""
         return self.lease_ttl_s / 3 if deadline == drivers.RENEW_PERIOD else self.seconds(deadline)
 
     def _lease_step(self, before: Any, after: Any) -> None:
@@ -380,7 +374,7 @@ class Publisher:
         report = await keeper.reported()
         reply = keeper.answer_of(drivers.Call("acquire"))
         if report.outcome is DriverOutcome.UNKNOWN or reply is None:  # acquire.deadline / acquire.cancel
-            raise PhaseDeadlineMissed("lease", self.deadlines.reserve)
+            raise PhaseDeadlineMissed("lease", self.deadlines.acquire)
         result = reply.result
         assert isinstance(result, (LeaseGranted, Rejected)), result
         if isinstance(result, LeaseGranted):
@@ -420,6 +414,7 @@ class Publisher:
         why it failed."""
         if candidate is None:
             candidate = await self._stored_candidate(order.digest, order.lora_name)
+        self._last_progress = time.monotonic()  # a staging is a run of its own: its calls get their deadlines
         loop, report = await self._run_stage(drivers.stage(order.version, order.attempt_token,
                                                            candidate.bucket_count, (order,)), candidate, {})
         if report.outcome is not DriverOutcome.STAGED:
@@ -552,7 +547,7 @@ class Publisher:
         phases["cleanup"] = phases.get("cleanup", 0.0)
         if report.outcome is not DriverOutcome.FAILED_CLEAN:
             logger.warning("abort of %s: %s (%s); rows %s", version, report.outcome, report.reason, loop.fired)
-        return PublishStatus(report.outcome)
+        return report.outcome
 
     def _settle(self, state: drivers.SettleState) -> DriverLoop:
         loop = DriverLoop(state, self.registry, self.engines, self.seconds)
@@ -573,7 +568,7 @@ class Publisher:
     def _outcome(report: drivers.Report, version: VersionKey, lora_name: str | None, token: str,
                  phases: dict[str, float], loop: DriverLoop) -> PublishOutcome:
         receipt = next((r for r in loop.answers if isinstance(r, Committed)), None)
-        return PublishOutcome(PublishStatus(report.outcome), version, reason=report.reason, lora_name=lora_name,
+        return PublishOutcome(report.outcome, version, reason=report.reason, lora_name=lora_name,
                               attempt_token=token, phases=phases,
                               default_revision=None if receipt is None else int(receipt.receipt.default_revision),
                               detail="commit refused" if report.reason else "")
@@ -617,7 +612,7 @@ class Publisher:
                 outcome = PublishOutcome(await self.abort_and_clean(a.version, a.attempt_token, {}), a.version,
                                          lora_name=a.lora_name, attempt_token=a.attempt_token)
             settled.append(outcome)
-            return drivers.Answer(command.call, DriverOutcome(str(outcome.status)))
+            return drivers.Answer(command.call, outcome.status)
 
         loop = DriverLoop(drivers.recover(), self.registry, self.engines, self.seconds, perform=perform)
         report = await loop.finished()
@@ -636,11 +631,6 @@ class Publisher:
         return [*outcomes, *settled]
 
     # ---- plumbing
-    async def _report(self, event: Any, key: str) -> Any:
-        answer = await submit_until_known(self.registry, event, key, self.deadlines.commit)
-        self._last_progress = time.monotonic()
-        return answer
-
     async def _timed(self, phases: dict[str, float], phase: str, work: Awaitable[T]) -> T:
         limit, bound = self._phase_limit(phase)
         started = time.monotonic()

@@ -128,7 +128,8 @@ class SessionRefusal(StrEnum):
 
 
 PHASES: dict[Driver, tuple[str, ...]] = {
-    Driver.STAGE: ("IDLE", "RESERVING", "BEGINNING", "TRANSFERRING", "ENDING", "DONE"),
+    # VIEWING: a publication's version read from the registry first (its last attempt names the reserve's key).
+    Driver.STAGE: ("IDLE", "VIEWING", "RESERVING", "BEGINNING", "TRANSFERRING", "ENDING", "DONE"),
     # WAITING: for the coordinator's next call (the first one, or the next after PREPARED recorded or the current
     # bucket landed: RFC §3.2's barrier).
     Driver.STAGE_ENGINE: ("WAITING", "BEGINNING", "PREPARING", "SENDING", "ENDING", "CHECKING", "RECORDING",
@@ -197,7 +198,7 @@ INPUTS: dict[Driver, tuple[Input, ...]] = {
     # No deadline of its own: the placement read is one registry read, and the stage driver that a rehydrate runs
     # bounds each of its calls with its own deadlines.
     Driver.REHYDRATE: (Input.ANSWER, Input.REFUSAL, Input.LOST),
-    # No deadline of its own either: the lease's acquire has the reserve's, and each settle driver its own.
+    # No deadline of its own either: the lease keeper bounds its acquire, and each settle driver its own.
     Driver.RECOVER: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.CANCEL),
     Driver.LEASE: (Input.START, Input.ANSWER, Input.REFUSAL, Input.LOST, Input.DEADLINE, Input.CANCEL),
     # No deadline of its own: the stage and settle drivers bound each of their calls, and the executor the store's
@@ -255,10 +256,28 @@ O = DriverOutcome  # noqa: E741
 # fmt: off
 DRIVER_ROWS: tuple[DriverRow, ...] = (
     # ================================================================ stage
-    row("reserve.start", SG, "IDLE", I.START, "RESERVING", guards=("needs_reserve",),
+    row("reserve.start", SG, "IDLE", I.START, "RESERVING", guards=("needs_reserve", "has_reserve_key"),
         commands=("submit_reserve", "arm_reserve"),
-        doc="A publication: reserve a slot under the caller's key (the same key again for the same content after "
-            "an unknown outcome, so the registry answers it from the journal)."),
+        doc="A publication of content whose reserve's outcome was left unknown (reserve.deadline): the same key "
+            "again, so the registry answers it from the journal."),
+    row("reserve.view", SG, "IDLE", I.START, "VIEWING", guards=("needs_reserve",),
+        commands=("read_attempt", "arm_reserve"),
+        doc="A publication: first read the version's last attempt in the registry (one read, under the reserve's "
+            "deadline). The reserve's key names it, so a version aborted and cleaned since is reserved under a new "
+            "key, and a retry of this reserve under the same one (never from a clock or a uuid)."),
+    row("attempt.read", SG, "VIEWING", I.ANSWER, "RESERVING", guards=("answers_attempt",),
+        commands=("note_reserve_key", "submit_reserve"),
+        doc="Reserve under the key the read derives (reserve_key)."),
+    row("attempt.lost", SG, "VIEWING", I.LOST, SAME, guards=("answers_attempt",), commands=("read_attempt",),
+        doc="Nothing was sent: read again (after the executor's pause) until the reserve's deadline."),
+    row("attempt.refused", SG, "VIEWING", I.REFUSAL, "DONE", guards=("answers_attempt",),
+        commands=("disarm_reserve",), report=O.REJECTED,
+        doc="A read is answered or lost; a refusal of it is a port outside its contract. Nothing was reserved."),
+    row("attempt.deadline", SG, "VIEWING", I.DEADLINE, "DONE", report=O.UNKNOWN,
+        doc="No reserve was sent, and no key is known: the caller is told its deadline passed, as at "
+            "reserve.deadline; publishing again reads afresh."),
+    row("attempt.cancel", SG, "VIEWING", I.CANCEL, "DONE", report=O.UNKNOWN,
+        doc="The caller gave up: nothing was sent."),
     row("stage.start", SG, "IDLE", I.START, "BEGINNING", commands=("start_begins",),
         doc="A rehydrate (the attempt is the registry's already, on one restarted engine): `begin` at once."),
     row("reserve.reserved", SG, "RESERVING", I.ANSWER, "BEGINNING",
@@ -770,24 +789,23 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
     # (expired or taken over) makes the registry itself refuse the publication's next Reserve or Commit under the old
     # fence (reserve.no_lease, commit.no_lease). A renewal waits for its answer with no timer of its own: the lease's
     # ttl bounds it (one answered too late is refused, lease.renew_lost), and the port's transport answers Lost.
-    row("keeper.take_over", LS, "IDLE", I.START, "VIEWING", guards=("takes_over",),
-        commands=("read_live_fence", "arm_acquire"),
-        doc="An operator's take-over: first read the fence live now (one registry read, under the acquire's "
-            "deadline). That fence, and no later one, is ended: a lease that moves on meanwhile is not "
+    row("keeper.start", LS, "IDLE", I.START, "VIEWING", commands=("read_live_fence", "arm_acquire"),
+        doc="First read the lease's fence now (one registry read, under the acquire's own deadline): the acquire's "
+            "key names it (acquire_key), so a retry is the same call and a new acquisition a new one. An operator's "
+            "take-over ends that fence, and no later one: a lease that moves on meanwhile is not "
             "(lease.take_over_moved)."),
-    row("keeper.start", LS, "IDLE", I.START, "ACQUIRING", commands=("submit_acquire", "arm_acquire"),
-        doc="Acquire under the caller's key (the holder asking again is answered lease.acquire_replay)."),
     row("live.read", LS, "VIEWING", I.ANSWER, "ACQUIRING", guards=("answers_live_fence",),
         commands=("note_live", "submit_acquire"),
-        doc="Take over the fence read (lease.take_over) under the caller's key; none live: an ordinary acquire."),
+        doc="Acquire (the holder asking again is answered lease.acquire_replay), or take over the fence read "
+            "(lease.take_over; none live: an ordinary acquire), under the key the read derives."),
     row("live.lost", LS, "VIEWING", I.LOST, SAME, guards=("answers_live_fence",), commands=("read_live_fence",),
         doc="Nothing was sent: read again (after the executor's pause) until the acquire's deadline."),
     row("live.refused", LS, "VIEWING", I.REFUSAL, "DONE", guards=("answers_live_fence",), commands=("disarm_acquire",),
         report=O.REJECTED,
-        doc="A read is answered or lost; a refusal of it is a port outside its contract. No take-over was sent: "
+        doc="A read is answered or lost; a refusal of it is a port outside its contract. Nothing was sent: "
             "the lease is as it was (waiting for the deadline would leave its timer bounding no call)."),
     row("live.deadline", LS, "VIEWING", I.DEADLINE, "DONE", guards=("acquire_timer",), report=O.UNKNOWN,
-        doc="No take-over was sent: the lease is as it was. The caller is told its deadline passed, as at "
+        doc="Nothing was sent: the lease is as it was. The caller is told its deadline passed, as at "
             "acquire.deadline."),
     row("live.cancel", LS, "VIEWING", I.CANCEL, "DONE", report=O.UNKNOWN, doc="The caller gave up: nothing was sent."),
     row("acquire.granted", LS, "ACQUIRING", I.ANSWER, "HOLDING", guards=("answers_acquire",),
