@@ -25,7 +25,7 @@ Writes `soak.json` to `--out`, PNG plots (one figure per measure against the ste
 growth per publication (least squares) after `--warmup` steps. Last line:
 
     fixture=… capacity=… steps=N failed_requests=… max_managed=… rss_growth_kb_per_step=… journal_bytes_per_step=…
-    reclaim_lag_p99_s=… refcount_drift=… slow_unloads=…
+    reclaim_lag_p99_s=… refcount_drift=… slow_unloads=… failed_publications=…
 
     python benchmarks/soak.py [--steps 1000] [--fixture tiny|qwen3-0.6b-shape] [--out runs/soak] [--plots DIR]
         [--engines URL0,URL1 --token T --capability-key-file K]   (attach to running engines, as tests do)
@@ -457,7 +457,10 @@ class Soak:
         return {
             "fixture": self.fixtures.name, "capacity": 2, "steps": steps, "warmup": self.args.warmup,
             "commit": self.args.commit, "concurrency": self.args.concurrency,
-            "failed_requests": len(failed) + len(c.session_errors) + len(c.odd_failures) + len(self.publish_failures),
+            # Requests that failed (the agentic ones, a session that ended in an error, the mixed traffic's
+            # unexpected answers); a publication that did not commit is counted apart.
+            "failed_requests": len(failed) + len(c.session_errors) + len(c.odd_failures),
+            "failed_publications": len(self.publish_failures),
             "failures": {"backend": [f"{r.session_id} {r.detail}" for r in failed][:50],
                          "sessions": c.session_errors[:50], "mixed": c.odd_failures[:50],
                          "publications": self.publish_failures[:50]},
@@ -536,7 +539,7 @@ def last_line(report: dict[str, Any]) -> str:
             f"failed_requests={report['failed_requests']} max_managed={report['max_managed']} "
             f"rss_growth_kb_per_step={rss:.1f} journal_bytes_per_step={report['journal_bytes_per_step']:.0f} "
             f"reclaim_lag_p99_s={report['reclaim_lag_p99_s']:.3f} refcount_drift={report['refcount_drift']} "
-            f"slow_unloads={report['slow_unloads']}")
+            f"slow_unloads={report['slow_unloads']} failed_publications={report['failed_publications']}")
 
 
 def git_commit() -> str:
