@@ -477,12 +477,14 @@ def outcome_of(effect: Any, load_fails: bool = False, unload_fails: bool = False
 def carried_out(step: Callable[[Any, Any], tuple[Any, Any, tuple[Any, ...]]], engine: Any, result: Any,
                 effects: tuple[Any, ...]) -> tuple[Any, Any]:
     """An engine call's effects carried out where every load and unload succeeds: each outcome stepped, its row's
-    effects next; the call's answer is the last row's result."""
+    effects next; the call's answer is the first refusal among the rows fired, else the last row's result (as
+    engine_side._run answers)."""
     queue = list(effects)
     while queue:
         outcome = outcome_of(queue.pop(0))
         if outcome is not None:
-            engine, result, more = step(engine, outcome)
+            engine, answer, more = step(engine, outcome)
+            result = result if isinstance(result, Rejected) else answer
             queue[:0] = more
     return engine, result
 
@@ -899,8 +901,8 @@ class DriverSystem:
                      effects: tuple[Any, ...]) -> tuple[Any, Any, World]:
         """Engine i's executor after a step (engine_side._carry_out): each load and unload reports its outcome as this
         world's SGLang gives it (a load fails on an engine of `load_fails`, an unload fails once on one of
-        `unload_fails`), each a step of the table whose row's effects run next; the call's answer is the last row's
-        result."""
+        `unload_fails`), each a step of the table whose row's effects run next; the call's answer is the first refusal
+        among the rows fired, else the last row's result (as engine_side._run answers)."""
         queue = list(effects)
         name = f"E{i}"
         while queue:
@@ -911,7 +913,8 @@ class DriverSystem:
                 continue
             if unload_fails:
                 w = attrs.evolve(w, unload_fails=w.unload_fails - {name})
-            engine, result, more = self._engine_step(engine, outcome)
+            engine, answer, more = self._engine_step(engine, outcome)
+            result = result if isinstance(result, Rejected) else answer
             queue[:0] = more
         return engine, result, w
 

@@ -12,7 +12,7 @@ effects, and each effect is idempotent per attempt token or reclaim id.
 What SGLang does with an effect that can fail is not decided here (issue 41): a load reports `LoadDone` or
 `LoadFailed`, a physical unload `UnloadDone` or `UnloadFailed`, as inputs of the table, and the row each fires
 says what follows (its effects run next, in the row's order). Every effect of a row runs, whatever an earlier one
-did; a call is answered with the result of the last row it fired.
+did; a call is answered with the first refusal among the rows it fired, else the last row's result.
 """
 
 from __future__ import annotations
@@ -263,23 +263,26 @@ class ManagedEngine:
 
     # ---------------------------------------------------------------- effects
     async def _run(self, event: EngineEvent, attempt_token: str | None) -> Any:
-        """Step `event`, carry out its row's effects (and those of the rows their outcomes fire); the result of the
-        last row fired."""
+        """Step `event`, carry out its row's effects (and those of the rows their outcomes fire). The answer: the
+        first refusal among the rows fired (an end whose load came after its cleanup stays refused however the
+        unload that follows ends), else the last row's result."""
         result, effects = self.step(event)
         last = await self._carry_out(effects, attempt_token)
-        return result if last is None else last
+        return result if last is None or isinstance(result, Rejected) else last
 
     async def _carry_out(self, effects: tuple[EngineEffect, ...], attempt_token: str | None) -> Any:
         """Carry out `effects` in the table's order. An effect whose outcome is an input (a load, a physical unload)
         reports it, and the effects of the row that input fires run next, before the rest. None is skipped because
-        an earlier one failed. Returns the result of the last outcome's row, None if there was none."""
+        an earlier one failed. Returns the first refusal among the outcomes' rows, else the last one's result (None if
+        there was none)."""
         queue = list(effects)
         last: Any = None
         while queue:
             effect = queue.pop(0)
             outcome = await self._execute(effect, attempt_token)
             if outcome is not None:
-                last, more = self.step(outcome)
+                result, more = self.step(outcome)
+                last = last if isinstance(last, Rejected) else result
                 queue[:0] = more
         return last
 
