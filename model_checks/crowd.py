@@ -259,8 +259,9 @@ REACHED_TOGETHER = frozenset({
 })
 
 # Defensive driver rows (drivers.DEFENSIVE_ROWS: no one-driver world fires them) that a crowd fires: zombie_abort's
-# cleanup of its own attempt refused on an engine where the newer attempt stages, and its UNKNOWN receipt refused.
-DEFENSIVE_REACHED = frozenset({"clean.refused", "unknown.refused"})
+# UNKNOWN receipt refused (its cleanup refused on an engine where the newer attempt stages, clean.refused, is no longer
+# defensive: abort_unload_fails fires it alone).
+DEFENSIVE_REACHED = frozenset({"unknown.refused"})
 
 # ---------------------------------------------------------------- the search
 

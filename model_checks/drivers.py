@@ -2061,17 +2061,18 @@ BROKEN_PORT_ROWS = frozenset({"revision.refused", "live.refused", "attempt.refus
                               "pending.refused", "placement.refused", "settle.refused", "publish.stage_refused",
                               "publish.settle_refused", "unload.refused", "unload.late_refusal", "confirm.refused",
                               "cleaned.refused"})
-# Rows neither DRIVER_BOUNDS nor THREE_ENGINE_BOUNDS fires. Six answer a refusal that only a party these scenarios
-# leave out produces (a rehydrate attempt that changes an engine's attempt under a pending cleanup; a forged or
+# Rows neither DRIVER_BOUNDS nor THREE_ENGINE_BOUNDS fires (clean.refused left the list with issue 41's effect
+# outcomes: abort_unload_fails fires it, an unload that fails during the cleanup refused UNLOAD_FAILED). Five
+# answer a refusal that only a party these scenarios leave out produces (a rehydrate attempt that changes an
+# engine's attempt under a pending cleanup; a forged or
 # replayed reclaim id, issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input
 # that no executor following driver_loop.py produces (a port outside its contract): each ends the wait for that call
-# at once (REJECTED, UNKNOWN, an abort, a failed rehydrate). The crowd fires two
+# at once (REJECTED, UNKNOWN, an abort, a failed rehydrate). The crowd fires one
 # (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS the other thirteen (BROKEN_PORT_ROWS).
 DEFENSIVE_ROWS = {
     "revision.refused": "a registry read is answered or lost; a typed refusal of it is a port outside its contract",
     "live.refused": "the same, for a lease keeper's read of the lease's fence",
     "attempt.refused": "the same, for a publication's read of its version's last attempt (the reserve's key)",
-    "clean.refused": "cleanup.other_attempt / cleanup.reclaimed: a rehydrate attempt replaced the one cleaned",
     "cleaned.refused": "cleaned.stale_attempt: a restart replaced the attempt after the engine cleaned it",
     "unknown.refused": "unknown.stale_attempt: the same, for an UNKNOWN receipt",
     "unload.refused": "reclaim.forged: another reclaim id reached the engine first",

@@ -49,6 +49,7 @@ from versioned_lora.lifecycle import (
     lora_name,
     reclaim_id,
 )
+from versioned_lora.lifecycle.effects import LoadPinned, PhysicalUnload
 from versioned_lora.lifecycle.enabled import FORGED_RECLAIM_ID, STALE_TOKEN, AdapterPlan
 from versioned_lora.spec.invariants import engine_violated, violated
 
@@ -99,7 +100,10 @@ def _by_row(events: Iterable[Any], row_of: Callable[[Any], str]) -> dict[str, tu
         except ProtocolError:
             row_id = "<no row>"
         out.setdefault(row_id, []).append(event)
-    return {row_id: tuple(group) for row_id, group in out.items()}
+    # In a stable order: the candidates come out of immutables.Map and sets, whose order follows the string hash,
+    # which changes with every process (PYTHONHASHSEED); the ci profile is derandomized only if its draws index
+    # the same events in every process.
+    return {row_id: tuple(sorted(group, key=repr)) for row_id, group in sorted(out.items())}
 
 
 def build_machine(core: Core = CORE, firings: Firings | None = None) -> type[RuleBasedStateMachine]:
@@ -139,12 +143,22 @@ def build_machine(core: Core = CORE, firings: Firings | None = None) -> type[Rul
             self.times_enabled: Counter[str] = Counter()  # row -> drawn steps of this run it was enabled at
             self.random_steps = 0
             prefix = data.draw(st.integers(0, len(steps)), label="prefix")
+            # A run may start with an effect in flight: the scripted steps go on past the prefix to the first one
+            # that loads (or unloads) and stop there with that outcome undelivered, so drawn steps start at
+            # LOADING (or CLEANING, UNLOADING). The rows answering a call that meets a running load (a second
+            # end, a cleanup, the load's outcome after the cleanup) are otherwise enabled in about 1% of drawn
+            # steps, and fired under 10 times (issue 41).
+            in_flight = data.draw(st.sampled_from((None, LoadPinned, PhysicalUnload)), label="in_flight")
             self.registry: RegistryState = initial_state(ENGINES, 2, 0, dict.fromkeys(ENGINES, 1))
             self.engines: dict[str, EngineAdapterState] = {e: initial_engine_state(e, 1) for e in ENGINES}
             self._options: dict[str, list[tuple[str | None, tuple[Any, ...]]]] | None = None
-            for make in steps[:prefix]:
+            for i, make in enumerate(steps):
+                if i >= prefix and in_flight is None:
+                    break
                 where, event = make(self)
                 queue = list(self.fire(where, event, counts.scripted))
+                if i >= prefix - 1 and in_flight is not None and any(isinstance(e, in_flight) for e in queue):
+                    break
                 while where is not None and queue:  # the scripts' loads and unloads succeed (issue 41: their
                     outcome = outcome_of(queue.pop(0))  # outcomes are inputs, stepped like any other)
                     if outcome is not None:

@@ -5,7 +5,8 @@ each row fired from randomly drawn steps and, apart, from the scripted scenario 
 unless every row of the table fired at least MIN_FIRINGS times from drawn steps alone (a scripted
 firing never counts), apart from the rows in UNREACHABLE (provably unreachable from this machine,
 each with its reason; none today). The ci profile is derandomized, so the counts are the same on
-every run; the printed per-row minimum is the figure to quote.
+every run (the candidates are grouped in a stable order, whatever the hash seed); the printed per-row
+minimum is the figure to quote.
 """
 
 from __future__ import annotations

@@ -86,7 +86,7 @@ def assert_views_match_a_recount(core: RegistryCore) -> None:
 
 
 def test_the_views_hold_live_versions_and_the_last_ended_ones_and_agree_with_a_recount(tmp_path: Path) -> None:
-    core = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH)
+    core = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH, insecure=True)
     lease = fence(core)
     previous: VersionKey | None = None
     steps = 3 * RECENT_ENDED
@@ -111,7 +111,7 @@ def test_the_views_hold_live_versions_and_the_last_ended_ones_and_agree_with_a_r
     core.close()
 
     # A recovered registry rebuilds its counters from the replayed state: the same answers.
-    again = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH)
+    again = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH, insecure=True)
     assert_views_match_a_recount(again)
     assert again.publication_view() == view
     again.close()
@@ -120,7 +120,7 @@ def test_the_views_hold_live_versions_and_the_last_ended_ones_and_agree_with_a_r
 def test_a_version_that_ends_inside_one_call_is_counted_once(tmp_path: Path) -> None:
     """A reserve and everything up to its reclaim in one batch, then a late confirmation of an ended version: the
     ended version is counted once, and the late row moves nothing."""
-    core = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH)
+    core = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH, insecure=True)
     lease = fence(core)
     a, b = VersionKey(EPOCH, "a"), VersionKey(EPOCH, "b")
     publish(core, a, lease)

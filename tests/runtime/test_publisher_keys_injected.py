@@ -44,7 +44,7 @@ class RecordsKeys:
 
 
 async def _keys_of_a_publication(tmp: Path, state: drivers.PublisherState) -> tuple[list[str], PublishStatus]:
-    registry = RecordsKeys(LocalRegistry(RegistryCore(tmp / "journal.sqlite", engines=ENGINES)))
+    registry = RecordsKeys(LocalRegistry(RegistryCore(tmp / "journal.sqlite", engines=ENGINES, insecure=True)))
     publisher = Publisher(registry, {name: RecordingEngine(name) for name in ENGINES}, lambda *_: True,
                           state=state)
     a_version, a = candidate("A")
@@ -83,7 +83,8 @@ def test_injected_a_publisher_idle_longer_than_max_no_progress_acquires_the_leas
     no-progress bound: before, a publisher idle for longer than `max_no_progress` failed `acquire_lease()` at once."""
 
     async def body() -> None:
-        registry = RecordsKeys(LocalRegistry(RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES)), 0.05)
+        core = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, insecure=True)
+        registry = RecordsKeys(LocalRegistry(core), 0.05)
         publisher = Publisher(registry, {name: RecordingEngine(name) for name in ENGINES}, lambda *_: True,
                               Deadlines(max_no_progress=0.2))
         await asyncio.sleep(0.5)  # idle, longer than max_no_progress

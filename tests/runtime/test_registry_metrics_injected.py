@@ -63,7 +63,7 @@ class Observed:
 
 
 def test_a_reclaimed_version_reads_0_once_and_is_then_never_recorded_again_injected(tmp_path: Path) -> None:
-    core = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH)
+    core = RegistryCore(tmp_path / "journal.sqlite", engines=ENGINES, capacity=2, epoch=EPOCH, insecure=True)
     lease = fence(core)
     observed = Observed(core)
     a, b = VersionKey(EPOCH, "a"), VersionKey(EPOCH, "b")

@@ -46,10 +46,10 @@ def test_a_journal_records_the_engines_urls_and_keeps_them_and_its_epoch(tmp_pat
     journal = tmp_path / "registry.sqlite"
     assert recorded_epoch(journal) is None
     urls = {"E0": "http://127.0.0.1:1", "E1": "http://127.0.0.1:2"}
-    core = RegistryCore(journal, epoch=42, engine_urls=urls)
+    core = RegistryCore(journal, epoch=42, engine_urls=urls, insecure=True)
     assert core.engine_urls() == urls
     core.close()
-    again = RegistryCore(journal, epoch=42)  # restarted without URLs: the journal's are kept
+    again = RegistryCore(journal, epoch=42, insecure=True)  # restarted without URLs: the journal's are kept
     assert again.engine_urls() == urls
     again.close()
     assert recorded_epoch(journal) == 42

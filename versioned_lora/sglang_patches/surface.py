@@ -63,6 +63,10 @@ SGLANG_SURFACE: tuple[SGLangUse, ...] = (
     SGLangUse(f"{_REGISTRY}.lru_lora_name", "replaced", "managed/guards.py"),
     SGLangUse(f"{_HTTP}:generate_contract_error", "replaced", "managed/generate_gate.py"),
     SGLangUse(f"{_HTTP}:add_prometheus_middleware", "replaced", "managed/metrics.py"),
+    SGLangUse(f"{_HTTP}:validation_exception_handler", "replaced", "managed/generate_envelope.py"),
+    SGLangUse(f"{_HTTP}:serve_generate_request", "replaced", "managed/generate_envelope.py"),
+    SGLangUse(f"{_HTTP}:_create_error_response", "replaced", "managed/generate_envelope.py"),
+    SGLangUse(f"{_HTTP}:_setup_and_run_http_server", "replaced", "server.py"),  # the warm standby
     SGLangUse("sglang.srt.managers.scheduler:Scheduler.init_request_dispatcher", "replaced",
               "managed/scheduler_side.py"),
     SGLangUse("sglang.srt.managers.tp_worker:TpModelWorker.load_lora_adapter_from_tensors", "replaced",
