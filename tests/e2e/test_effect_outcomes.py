@@ -67,9 +67,9 @@ def test_injected_failed_load_frees_its_stash_and_the_attempt_ends_failed_clean_
             assert await d.clients["E1"].adapter(b.lora_name) is None  # SGLang holds nothing of that name
             await _agrees_with_sglang(d.clients["E1"])
             assert outcome.status is PublishStatus.FAILED_CLEAN, outcome
-            # typed: the engine's table refused E1's end LOAD_FAILED (the publisher names an engine's refusal
-            # EngineRefused and its reason first in the detail, as for every refusal of a staging)
-            assert (outcome.reason, outcome.detail.split(":")[0]) == ("EngineRefused", "LOAD_FAILED"), outcome
+            # typed: the engine's table refused E1's end LOAD_FAILED (an engine's refusal is the outcome's reason, its
+            # code first in the detail, as for every refusal of a staging)
+            assert (outcome.reason, outcome.detail.split(":")[0]) == ("LOAD_FAILED", "LOAD_FAILED"), outcome
             view = await d.registry.publication_view()
             assert view.versions[b_version].state is VersionState.FAILED_CLEAN
             assert view.managed_count() == 0
@@ -105,7 +105,6 @@ def test_injected_failed_unload_stays_accounted_and_the_resent_reclaim_completes
             on_e1 = await _view(d.clients["E1"], a.lora_name)
             assert on_e1 is not None and on_e1["state"] == "UNLOADED" and not on_e1["pinned"], on_e1
             after = await d.audit()
-            assert {e: after[e].get(f"physical_unload:{a.lora_name}", 0) for e in after} == {"E0": 1, "E1": 1}
             deltas = {e: unloads(after)[e] - unloads(before)[e] for e in after}
             assert deltas == {"E0": 1, "E1": 1}, deltas  # the slot freed once on each engine
             view = await d.registry.publication_view()

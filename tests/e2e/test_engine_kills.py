@@ -209,7 +209,7 @@ async def _killed_publication(
         "begin": ("STAGING", 0),
         "bucket": ("STAGING", HELD_AFTER_BUCKET + 1),
         "before_load": ("STAGING", b.bucket_count),
-        "load": ("READY", b.bucket_count),  # the table moved on; SGLang's load not begun
+        "load": ("LOADING", b.bucket_count),  # the table awaits the load's outcome; SGLang's load not begun
         "probe": ("READY", b.bucket_count),  # loaded pinned; the probe not sent
         "ready": ("READY", b.bucket_count),
         "commit": ("READY", b.bucket_count),

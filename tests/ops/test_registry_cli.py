@@ -68,7 +68,8 @@ def test_a_foreground_registry_serves_until_sigint_and_stops_without_a_traceback
     async def body() -> tuple[int, str, str, list[str]]:
         child = await asyncio.create_subprocess_exec(
             sys.executable, "-m", "versioned_lora.cli", "registry", "--journal", str(tmp_path / "fg.sqlite"),
-            "--engines", f"{engines.e0.url},{engines.e1.url}", "--address", address, "--name", name,
+            "--engines", f"{engines.e0.url},{engines.e1.url}", "--key-file", str(capability_key_file()),
+            "--address", address, "--name", name,
             env=env, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE)
         assert child.stdout is not None
         lines = []

@@ -40,7 +40,7 @@ from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.publisher import Publisher, PublishStatus
 from versioned_lora.runtime.reclaimer import Reclaimer, ReclaimStatus
 from versioned_lora.spec.identities import lora_name
-from versioned_lora.spec.wire import TOKEN_ENV, TOKEN_HEADER
+from versioned_lora.spec.wire import SOURCE_ROOT_ENV, TOKEN_ENV, TOKEN_HEADER
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +54,8 @@ def keyed(fixtures: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[t
     assert oct(key_file.stat().st_mode & 0o777) == "0o600"
     config = EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(), log_path=directory / "keyed.log",
                           extra_args=TEST_ENGINE_ARGS,
-                          env={TOKEN_ENV: TEST_TOKEN, capabilities.KEY_FILE_ENV: str(key_file)})
+                          env={TOKEN_ENV: TEST_TOKEN, capabilities.KEY_FILE_ENV: str(key_file),
+                               SOURCE_ROOT_ENV: str(fixtures.root)})  # the disk-sourced begins read the fixtures
     (engine,) = start_all([config])
     try:
         yield engine, key_file

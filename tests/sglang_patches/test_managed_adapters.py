@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -260,6 +261,9 @@ def test_reclaim_waits_for_in_flight_request_keeps_serving_then_unloads_once(eng
             with pytest.raises(EngineHTTPError) as refused:
                 await client.generate(PROMPT, a.name, 4)
             assert refused.value.status_code == 409 and "VERSION_UNAVAILABLE" in refused.value.body
+            # typed like every refusal of a managed engine: the reason, and the field it is about
+            assert {k: v for k, v in json.loads(refused.value.body)["error"].items() if k != "message"} == {
+                "reason": "VERSION_UNAVAILABLE", "field": "lora_path"}
             progress = await client.managed("reclaim", lora_name=a.name, reclaim_id="r-1")
             assert progress["adapter"]["state"] == "DRAINING"
             assert (await _audit(client))["physical_unload"] == before["physical_unload"]

@@ -376,7 +376,6 @@ class ManagedEngine:
         self.loaded.pop(name, None)
         self.errors.pop(name, None)
         audit.COUNTS["physical_unload"] += 1
-        audit.COUNTS[f"physical_unload:{name}"] += 1
         return UnloadDone(name)
 
     async def _probe(self, name: str, input_ids: list[int]) -> dict[str, Any]:

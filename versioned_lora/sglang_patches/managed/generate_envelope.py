@@ -86,10 +86,14 @@ def value_error_field(message: str) -> str:
 def typed_value_error(error: Any) -> tuple[int, dict[str, Any]]:
     """What `_create_error_response` answers for `/generate`: (status, envelope)."""
     from versioned_lora.sglang_patches.managed.generate_gate import RequestRefused
+    from versioned_lora.sglang_patches.managed.guards import ManagedVersionUnavailable
 
     if isinstance(error, RequestRefused):  # counted where it was raised
         payload = error.refusal.payload()
         return error.status_code, {"error": {"field": BODY, **payload}}
+    if isinstance(error, ManagedVersionUnavailable):  # counted where it was raised; 409, not a malformed body
+        return int(error.status_code), {"error": {"reason": error.reason, "field": "lora_path",
+                                                  "message": str(error)}}
     message = str(error)
     return int(getattr(error, "status_code", 400)), refusal(EngineRefusal.MALFORMED_REQUEST,
                                                             value_error_field(message), message)

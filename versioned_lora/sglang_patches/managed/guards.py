@@ -30,6 +30,7 @@ class ManagedVersionUnavailable(ValueError):
     reclaimed). SGLang's generate handler turns a ValueError into an HTTP error with this status."""
 
     status_code = HTTPStatus.CONFLICT
+    reason = Reason.VERSION_UNAVAILABLE
 
     def __init__(self, name: str, state: str) -> None:
         from versioned_lora.sglang_patches.managed import metrics
