@@ -15,7 +15,8 @@ test-fast: setup
 	bash scripts/test.sh --fast
 
 # The seed campaigns (mutants of the spec and of the drivers on seed 1), out of `make test`, which keeps a
-# fixed-seed smoke of each; .ci/run runs this after `make test`.
+# fixed-seed smoke of each. About half an hour on the 2-core host: run apart (not by .ci/run, whose 90 minutes
+# make test nearly fills), its output committed under benchmarks/results/.
 check-deep: setup
 	.venv/bin/python -m pytest --tb=native -p no:cacheprovider -m deep tests/model_checks
 
