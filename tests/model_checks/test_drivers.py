@@ -152,15 +152,17 @@ def test_the_refused_abort_fallback_is_killed_by_a_property(script: Callable[[st
 
 
 @pytest.mark.deep  # make check-deep; make test's smoke is the fixed mutant above
+@pytest.mark.timeout(2400)  # the suite's 900 s guard: this campaign ran past it alone on the 2-core host
 def test_every_mutant_drawn_on_seed_1_is_killed_by_a_property() -> None:
     """Issue 17's bar on a fixed seed: K = N with no mutant dying only by the ProtocolError, and at most 10%
     of the draws argued equivalent. The script itself runs, in a process of its own without the suite's
     coverage tracer (under it the run took about five times as long), on a worker a core. It took about 50 s before
-    issue 41's effect-outcome worlds; with them it ran past 600 s beside another campaign, so the guard is 1,800 s."""
+    issue 41's effect-outcome worlds; with them it ran past 600 s beside another campaign and past 900 s alone, so
+    the guard is 2,400 s."""
     script = Path(__file__).resolve().parents[2] / "scripts" / "mutate_drivers.py"
     env = {k: v for k, v in os.environ.items() if not k.startswith("COV_CORE_")}  # pytest-cov's subprocess hook
     done = subprocess.run([sys.executable, str(script), "--seed", "1"], env=env, capture_output=True, text=True,
-                          timeout=1800, check=True)
+                          timeout=2300, check=True)
     lines = done.stdout.splitlines()
     verdicts = [line.split()[0] for line in lines if line and not line.startswith(("seconds=", "driver_mutants="))]
     last = dict(item.split("=") for item in lines[-1].split())
