@@ -2064,8 +2064,8 @@ BROKEN_PORT_ROWS = frozenset({"revision.refused", "live.refused", "attempt.refus
 # Rows neither DRIVER_BOUNDS nor THREE_ENGINE_BOUNDS fires (clean.refused left the list with issue 41's effect
 # outcomes: abort_unload_fails fires it, an unload that fails during the cleanup refused UNLOAD_FAILED). Five
 # answer a refusal that only a party these scenarios leave out produces (a rehydrate attempt that changes an
-# engine's attempt under a pending cleanup; a forged or
-# replayed reclaim id, issue 19); they keep the resource: each ends its engine UNCONFIRMED. The rest answer an input
+# engine's attempt under a pending cleanup; a forged or replayed reclaim id, issue 19); they keep the resource: each
+# ends its engine UNCONFIRMED. The rest answer an input
 # that no executor following driver_loop.py produces (a port outside its contract): each ends the wait for that call
 # at once (REJECTED, UNKNOWN, an abort, a failed rehydrate). The crowd fires one
 # (crowd.DEFENSIVE_REACHED) and BROKEN_PORT_BOUNDS the other thirteen (BROKEN_PORT_ROWS).

@@ -51,9 +51,15 @@ SAMPLING_PARAMS = frozenset({
 })
 
 
-def refusal(reason: str, field: str, message: str) -> dict[str, Any]:
-    metrics.count_refusal("generate", reason)
+def envelope(reason: str, field: str, message: str) -> dict[str, Any]:
+    """The typed body of every `/generate` refusal."""
     return {"error": {"reason": reason, "field": field, "message": message}}
+
+
+def refusal(reason: str, field: str, message: str) -> dict[str, Any]:
+    """A refusal made here: counted, then enveloped."""
+    metrics.count_refusal("generate", reason)
+    return envelope(reason, field, message)
 
 
 def validation_message(errors: Any) -> str:
@@ -92,8 +98,7 @@ def typed_value_error(error: Any) -> tuple[int, dict[str, Any]]:
         payload = error.refusal.payload()
         return error.status_code, {"error": {"field": BODY, **payload}}
     if isinstance(error, ManagedVersionUnavailable):  # counted where it was raised; 409, not a malformed body
-        return int(error.status_code), {"error": {"reason": error.reason, "field": "lora_path",
-                                                  "message": str(error)}}
+        return int(error.status_code), envelope(error.reason, "lora_path", str(error))
     message = str(error)
     return int(getattr(error, "status_code", 400)), refusal(EngineRefusal.MALFORMED_REQUEST,
                                                             value_error_field(message), message)
