@@ -22,6 +22,7 @@ from versioned_lora.runtime.interfaces import (
 )
 
 Fault = Callable[[BackendRequest], str | None]  # "5xx" | "unknown" | None
+Stall = Callable[[BackendRequest], bool]  # True: the generation waits after its first token until aborted
 
 
 def token(lora_path: str, context: tuple[int, ...]) -> int:
@@ -30,9 +31,13 @@ def token(lora_path: str, context: tuple[int, ...]) -> int:
 
 
 class ScriptedBackend:
-    def __init__(self, token_delay_s: float = 0.0005, fault: Fault | None = None) -> None:
+    def __init__(self, token_delay_s: float = 0.0005, fault: Fault | None = None, stall: Stall | None = None) -> None:
         self.token_delay_s = token_delay_s
         self.fault = fault
+        # A stalled generation is a slow engine on demand: an abort sent "mid-generation" then always
+        # finds it running, however late the loaded test machine delivers the abort.
+        self.stall = stall
+        self._abort_events: dict[str, asyncio.Event] = {}
         self.calls: list[BackendRequest] = []
         self.aborts: list[str] = []
         self.held: dict[str, asyncio.Event] = {}  # rid -> released when set; ignores aborts while held
@@ -55,11 +60,14 @@ class ScriptedBackend:
                 return BackendResponse(request.rid, tuple(out), tuple(-1.0 for _ in out), "abort")
             await asyncio.sleep(self.token_delay_s)
             out.append(token(request.lora_path, context + tuple(out)))
+            if len(out) == 1 and hold is None and self.stall is not None and self.stall(request):
+                await self._abort_events.setdefault(request.rid, asyncio.Event()).wait()
         return BackendResponse(request.rid, tuple(out), tuple(-1.0 for _ in out), "length")
 
     async def abort(self, rid: str) -> None:
         self.aborts.append(rid)
         self._aborted.add(rid)
+        self._abort_events.setdefault(rid, asyncio.Event()).set()
 
     def lora_paths_of(self, rid_prefix: str) -> set[str]:
         return {c.lora_path for c in self.calls if c.rid.startswith(rid_prefix)}
