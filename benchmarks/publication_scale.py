@@ -57,7 +57,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
-from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel
+from versioned_lora.adapters.reference_forward import ReferenceModel
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir, snapshot_from_tensors
 from versioned_lora.capabilities import KEY_FILE_ENV, write_key_file
@@ -224,6 +224,11 @@ def rank_cut(snapshot: Snapshot, rank: int, modules: tuple[str, ...]) -> Snapsho
     return snapshot_from_tensors(tensors, config)
 
 
+# How far each version's greedy probe token must lead its next best (nats): the margins are reported beside the
+# publication figures. (The probe check itself compares teacher-forced scores, where no lead matters.)
+PROBE_LEAD = 0.02
+
+
 def choose_probe(reference: ReferenceModel, snapshots: Sequence[Snapshot]) -> tuple[list[int], list[float]]:
     """The first candidate prompt on which every snapshot's reference token leads its next best by one probe
     tolerance (fixed before any publication of the size): at least two and a half bf16 steps of a top logit
@@ -233,7 +238,7 @@ def choose_probe(reference: ReferenceModel, snapshots: Sequence[Snapshot]) -> tu
         for snapshot in snapshots:
             top = reference.next_token_logprobs(snapshot, prompt).topk(2)
             margins.append(round(float(top.values[0] - top.values[1]), 4))
-        if min(margins) >= PROBE_EPSILON:
+        if min(margins) >= PROBE_LEAD:
             return prompt, margins
     raise RuntimeError("no candidate probe prompt separates every version's token by one tolerance")
 

@@ -24,7 +24,7 @@ from versioned_lora.adapters.snapshot import Snapshot
 CONFIG_FORMAT = "versioned-lora/gpu-validation/preregistered/v1"
 # Engine vs engine of the same build, same weights: batching and cache reuse move bf16 logprobs by a few
 # 1e-3 at most on the CPU fixture; the fixture's A and B differ by far more than this (checked as
-# `baselines_discriminate`). Same value as the publication probe (adapters/reference_forward.PROBE_EPSILON).
+# `baselines_discriminate`). The publication probe's fixed tolerance of before (now ulps: adapters/probe_check.py).
 EPSILON = 0.02
 # A scoring prefix discriminates A from B when their greedy tokens differ or a logprob differs by this much.
 MIN_SEPARATION = 0.1

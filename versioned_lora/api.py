@@ -2,7 +2,7 @@
 
     from versioned_lora import connect
 
-    async with await connect(address="auto", token_file="engine.token", model_dir=BASE) as deployment:
+    async with await connect(address="auto", token_file="engine.token", probe_prompt=PROBE_IDS) as deployment:
         result = await deployment.publish("step-1", peft_model, wait_for_slot_s=60)
         sessions = deployment.sessions()
 
@@ -117,6 +117,9 @@ class PublishResult:
     phases: Mapping[str, float] = attrs.field(factory=dict)
     detail: str = ""
     waited_s: float = 0.0  # time spent waiting for a free slot (`wait_for_slot_s`)
+    # COMMITTED, but the probe could not tell this version from the previous default (AgreementProbeCheck.indistinct):
+    # not a refusal (the manifest's digest proved the bytes); a longer or more specific probe would tell them apart.
+    warning: str | None = None
 
     @property
     def committed(self) -> bool:
@@ -414,9 +417,6 @@ class Deployment:
         from versioned_lora.lifecycle import VersionKey
         from versioned_lora.spec.identities import InvalidIdentity, check_version_identity, lora_name
 
-        if self.probe is _no_probe:
-            raise DeploymentError("no probe check to publish with: connect(model_dir=BASE_MODEL_DIR) or "
-                                  "connect(probe=...)")
         snapshot = to_snapshot(source)
         version = VersionKey(self.epoch, version_id)
         try:
@@ -456,11 +456,25 @@ class Deployment:
         finally:
             self._publishing = ""
         result = PublishResult.of(outcome, waited_s=time.monotonic() - started - sum(outcome.phases.values()))
+        if result.outcome is Outcome.COMMITTED:
+            result = attrs.evolve(result, warning=self._probe_committed(candidate))
+            if result.warning:
+                logger.warning("publish %s: %s", version_id, result.warning)
         self._hold_lease = result.outcome is Outcome.UNKNOWN
         log = logger.info if result.outcome is Outcome.COMMITTED else logger.warning
         log("publish %s: %s%s%s", version_id, result.outcome, f" {result.code}" if result.code else "",
             f"; to resolve: {result.resolve}" if result.resolve else "")
         return result
+
+    def _probe_committed(self, candidate: Any) -> str | None:
+        """Tell the probe check the candidate is the default now; its warning if it could not tell it from the
+        previous default (checks that keep no history, like a caller's own callable, have neither)."""
+        indistinct = getattr(self.probe, "indistinct", None)
+        warning = indistinct(candidate) if indistinct is not None else None
+        committed = getattr(self.probe, "committed", None)
+        if committed is not None:
+            committed(candidate)
+        return warning
 
     async def _wait_for_slot(self, deadline: float) -> None:
         """Until a slot is free or `deadline`: reclaim what is eligible, then wait a little."""
@@ -605,13 +619,26 @@ def read_token(token_file: str | os.PathLike[str] | None) -> str | None:
     return path.read_text().strip()
 
 
-def reference_probe(model_dir: str | os.PathLike[str], probe_prompt: Sequence[int], epsilon: float | None) -> Any:
-    """The probe check that compares an engine's first token and logprob with a reference forward of the base
-    model at `model_dir` with the candidate applied."""
-    from versioned_lora.adapters.reference_forward import PROBE_EPSILON, ReferenceModel, ReferenceProbeCheck
+def probe_check(probe_prompt: Sequence[int], *, reference_model: str | os.PathLike[str] | None = None,
+                top_logit: float | None = None, ulps: float | None = None, dtype: str = "bfloat16") -> Any:
+    """The check every engine's loaded candidate must pass before its READY counts (adapters/probe_check.py): by
+    default the engines' teacher-forced scores of `probe_prompt` must agree with each other within `ulps` units in
+    the last place of `dtype` at the top-logit magnitude `top_logit` (no model needed anywhere); with
+    `reference_model` (a base model directory, for small models and tests) they must agree with a transformers +
+    PEFT forward of the same snapshot, at the top logit that forward measures."""
+    from versioned_lora.adapters.probe_check import DEFAULT_TOP_LOGIT, PROBE_ULPS, AgreementProbeCheck
 
-    tolerance = PROBE_EPSILON if epsilon is None else epsilon
-    return ReferenceProbeCheck(ReferenceModel(Path(model_dir)), probe_prompt, tolerance)
+    if len(probe_prompt) < 2:
+        raise DeploymentError("a probe needs at least two token ids: each is scored after the ones before it")
+    ulps = PROBE_ULPS if ulps is None else ulps
+    if reference_model is None:
+        try:
+            return AgreementProbeCheck(DEFAULT_TOP_LOGIT if top_logit is None else top_logit, dtype, ulps)
+        except ValueError as exc:
+            raise DeploymentError(str(exc)) from exc
+    from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
+
+    return ReferenceProbeCheck(ReferenceModel(Path(reference_model)), probe_prompt, ulps, dtype)
 
 
 DEFAULT_PROBE_PROMPT = tuple(range(10, 30))  # 20 ids, inside any vocabulary
@@ -629,10 +656,11 @@ async def connect(
     key_file: str | os.PathLike[str] | None = None,
     capacity: int = 2,
     epoch: int | None = None,
-    model_dir: str | os.PathLike[str] | None = None,
     probe: Any = None,
     probe_prompt: Sequence[int] = DEFAULT_PROBE_PROMPT,
-    probe_epsilon: float | None = None,
+    probe_top_logit: float | None = None,
+    probe_ulps: float | None = None,
+    reference_model: str | os.PathLike[str] | None = None,
     holder: str = DEFAULT_HOLDER,
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
     snapshots: str | os.PathLike[str] | None = None,
@@ -649,11 +677,13 @@ async def connect(
     engines at the URLs the registry recorded (or `engines`: a list in the registry's engine order, or
     name -> URL). `token_file` (or `token`): the engines' managed-endpoint token; needed to publish and reclaim.
 
-    The probe check that every engine's loaded candidate must pass: `probe` (a callable `(candidate, token_id,
-    logprob) -> bool`, optionally with `reference(candidate)`), or the reference forward of the base model at
-    `model_dir` over `probe_prompt` within `probe_epsilon`. `holder`: this publisher's name for the publisher
-    lease (one publisher at a time). `snapshots`: a snapshot-store directory (every committed version written
-    there, what rehydrates read). `auto_reclaim`: start the reclaim loop now."""
+    The probe check that every engine's loaded candidate must pass (`probe_check`): by default the engines' scores
+    of `probe_prompt` (token ids in the served model's vocabulary: choose them for a real model) must agree with
+    each other within `probe_ulps` at the top-logit magnitude `probe_top_logit`; with `reference_model` (a base
+    model directory) they must agree with a forward of it; or `probe`, a callable `(candidate, receipt) -> bool`.
+    `holder`: this publisher's name for the publisher lease (one publisher at a time). `snapshots`: a
+    snapshot-store directory (every committed version written there, what rehydrates read). `auto_reclaim`:
+    start the reclaim loop now."""
     ensure_ray(address)
     if journal is not None:
         if engines is None:
@@ -678,7 +708,7 @@ async def connect(
     if set(urls) != set(view.engines):
         raise DeploymentError(f"engines {sorted(urls)} are not the registry's ({', '.join(view.engines)})")
     if probe is None:
-        probe = reference_probe(model_dir, probe_prompt, probe_epsilon) if model_dir is not None else _no_probe
+        probe = probe_check(probe_prompt, reference_model=reference_model, top_logit=probe_top_logit, ulps=probe_ulps)
     deployment = Deployment(
         found, ops.epoch, {name: urls[name] for name in view.engines},
         token=token if token is not None else read_token(token_file), probe=probe, probe_prompt=probe_prompt,
@@ -688,11 +718,6 @@ async def connect(
     if auto_reclaim:
         deployment.start_reclaim_loop(reclaim_interval_s)
     return deployment
-
-
-def _no_probe(candidate: Any, token_id: int, logprob: float) -> bool:
-    """Without a base model or a probe nothing can be checked: `prepare` refuses to publish (never reached)."""
-    return False
 
 
 # ---------------------------------------------------------------- sessions

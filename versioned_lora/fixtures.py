@@ -23,8 +23,6 @@ from typing import Any
 
 import attrs
 
-from versioned_lora.adapters.reference_forward import PROBE_EPSILON
-
 # Bump when the generation code changes in a way that changes the produced bytes.
 _GENERATOR_REVISION = 1
 
@@ -48,19 +46,13 @@ LORA_TARGET_MODULES = ("q_proj", "v_proj")
 ADAPTER_SEEDS = {"A": 101, "B": 202, "C": 303}
 
 
-# The probe every `end` answers for a fixture's weights, and how far its logprob may lie from the reference
-# forward (adapters.reference_forward). Tiny: 20 ids inside any vocabulary, and the publisher's default
-# tolerance, PROBE_EPSILON (0.02 nats against a measured spread of 0.004).
+# The probe every `end` scores for a fixture's weights (adapters/probe_check.py). Tiny: 20 ids inside any
+# vocabulary.
 TINY_PROBE_PROMPT = tuple(range(10, 30))
-# Qwen3-0.6B shape: 0.05 nats. With 0.02, the project's CI at c780842 and a clean-clone run at 33ff8af (the
-# same code) both refused a correct B: an engine's probe under load answered -10.52879 against the
-# reference's -10.55229, 0.0235 apart, three bf16 steps (2^-7) of a logit below 2 (the engine's batched
-# kernels against transformers' single forward). 0.05 is six such steps. The prompt is one where A's, B's
-# and C's reference tokens lead their next best by two tolerances and the versions' tokens score at least
-# ten tolerances apart under one another (tests/zz_scale asserts both), found by a search over 600 windows
+# Qwen3-0.6B shape: a window where A's, B's and C's reference tokens lead their next best clearly and the versions'
+# tokens score far apart under one another (tests/zz_scale asserts both), found by a search over 600 windows
 # range(s, s + 20).
 QWEN3_0_6B_PROBE_PROMPT = tuple(range(1492, 1512))
-QWEN3_0_6B_PROBE_EPSILON = 0.05
 
 
 @attrs.frozen
@@ -74,7 +66,6 @@ class Fixtures:
     lora_rank: int = LORA_RANK
     target_modules: tuple[str, ...] = LORA_TARGET_MODULES
     probe_prompt: tuple[int, ...] = TINY_PROBE_PROMPT
-    probe_epsilon: float = PROBE_EPSILON
 
 
 def cache_root() -> Path:
@@ -342,10 +333,10 @@ def build_fixtures(root: Path | None = None, fixture: str = TINY) -> Fixtures:
         adapters = {name: full_lora_adapter(name, model_dir, root) for name in ADAPTER_SEEDS}
         return Fixtures(model_dir=model_dir, adapters=adapters, root=root or cache_root(), name=QWEN3_0_6B_SHAPE,
                         lora_rank=FULL_LORA_RANK, target_modules=ALL_LINEAR_MODULES,
-                        probe_prompt=QWEN3_0_6B_PROBE_PROMPT, probe_epsilon=QWEN3_0_6B_PROBE_EPSILON)
+                        probe_prompt=QWEN3_0_6B_PROBE_PROMPT)
     if fixture == REAL_LOGITS:
-        # Adapters A, B, C as the tiny fixture's (same rank, targets, seeds), for this model. The probe tolerance is
-        # the tiny fixture's: the fixed-nats check (adapters.reference_forward) is what this fixture shows short.
+        # Adapters A, B, C as the tiny fixture's (same rank, targets, seeds), for this model: the probe check meets a
+        # trained model's rounding here (tests/e2e/test_probe_scores.py).
         model_dir = tiny_real_logits_qwen3(root)
         adapters = {name: lora_adapter(name, model_dir, root) for name in ADAPTER_SEEDS}
         return Fixtures(model_dir=model_dir, adapters=adapters, root=root or cache_root(), name=REAL_LOGITS)

@@ -19,7 +19,7 @@ async def run(*, journal: Path, engines: list[str], token_file: Path, key_file: 
               adapters: dict[str, Path], registry: str) -> dict[str, Any]:
     seen: dict[str, Any] = {"phases": []}
     async with await connect(journal=journal, engines=engines, token_file=token_file, key_file=key_file,
-                             capacity=2, registry=registry, model_dir=model_dir,
+                             capacity=2, registry=registry, probe_prompt=PROMPT,
                              on_phase=lambda version, phase, s: seen["phases"].append((version, phase))) as deployment:
         seen["v1"] = await deployment.publish("v1", adapters["A"])  # a PEFT adapter directory
         sessions = deployment.sessions()

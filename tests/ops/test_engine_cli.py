@@ -64,8 +64,8 @@ def test_engine_from_peft_config_serves_the_0_6b_shape_r64_all_linear_adapter(tm
         async def publish_and_generate() -> tuple[object, str | None, list[int]]:
             async with await connect(journal=tmp_path / "registry.sqlite", engines=[url], registry=registry,
                                      token_file=token_file(tmp_path), key_file=capability_key_file(), capacity=1,
-                                     model_dir=fixtures.model_dir, probe_prompt=fixtures.probe_prompt,
-                                     probe_epsilon=fixtures.probe_epsilon, auto_reclaim=False) as deployment:
+                                     reference_model=fixtures.model_dir, probe_prompt=fixtures.probe_prompt,
+                                     auto_reclaim=False) as deployment:
                 result = await deployment.publish("a", adapter)
                 session = deployment.sessions().open(list(fixtures.probe_prompt))
                 output = await session.generate(2) if result.committed else []

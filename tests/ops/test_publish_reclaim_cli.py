@@ -86,7 +86,7 @@ def test_publish_and_reclaim_run_to_their_outcomes_and_exit_with_the_documented_
             # A probe that differs from the reference forward (the reference runs another base model): the
             # attempt is aborted and cleaned on both engines.
             other = other_base_model(fixtures.model_dir, tmp_path / "other-model")
-            failed = await publish("C", "D", "--model", str(other))
+            failed = await publish("C", "D", "--reference-model", str(other))
             assert failed.code == Exit.FAILED_CLEAN == 5, failed.stdout + failed.stderr
             assert failed.receipt()["status"] == "FAILED_CLEAN" and "PROBE_MISMATCH" in failed.receipt()["detail"]
             view = await d.registry.publication_view()

@@ -66,7 +66,7 @@ class RecordingEngine:
 
     async def end(self, candidate: Any, attempt_token: str) -> ReadyReceipt:
         self.calls.append(("end", candidate.lora_name))
-        return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, 0, 7, -1.0)
+        return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, 0, 7, -1.0, (-1.0, -2.0))
 
     def drop_link(self) -> None:
         self.calls.append(("drop_link", ""))

@@ -8,14 +8,18 @@ adapter). The story is the demo's (`DemoRun`): A bootstrapped, B published under
 at capacity with no begin reaching an engine, A's sessions close and A is reclaimed once per engine, C sent
 with one corrupted bucket is refused at `end` and cleaned; every expectation of that story is asserted.
 
-Tolerance at this size: the fixture's probe tolerance, 0.05 nats (fixtures.QWEN3_0_6B_PROBE_EPSILON says why
-it is wider than the tiny fixture's 0.02: a correct B was refused at 0.02 in two clean-clone runs).
-The probe and the first-token logprobs of each version must match a transformers + PEFT forward of the same
-weights within it, and on those very positions the versions must separate by at least ten times it: the
-tokens a version produced score at least 0.5 nats differently under every other version (base, A, B), so a
-wrong version could not pass for the right one. The probe's token must also lead the reference's next best
-by two tolerances, so no rounding within the tolerance can flip it. Later tokens' deltas are reported beside
-(a later position may have a larger top logit, whose bf16 step is larger).
+The probe check is the reference forward's (demo.Stack: each engine's teacher-forced scores of the probe against a
+transformers + PEFT forward of the same weights, within the tolerance at the top logit that forward measures,
+adapters/probe_check.py); every score each engine answered for A and B is recorded and held under that tolerance.
+
+Tolerance of the generated tokens' own comparison: 0.05 nats. (With 0.02, the project's CI at c780842 and a
+clean-clone run at 33ff8af both saw an engine's logprob under load -10.52879 against the reference's -10.55229,
+0.0235 apart: three bf16 steps, 2^-7, of a logit below 2, the engine's batched kernels against transformers' single
+forward; 0.05 is six such steps.) The first-token logprobs of each version must match a transformers + PEFT forward
+of the same weights within it, and on those very positions the versions must separate by at least ten times it:
+the tokens a version produced score at least 0.5 nats differently under every other version (base, A, B), so a
+wrong version could not pass for the right one. Later tokens' deltas are reported beside (a later position may have
+a larger top logit, whose bf16 step is larger).
 """
 
 from __future__ import annotations
@@ -28,21 +32,16 @@ from typing import Any
 import pytest
 from engine_helpers import TEST_TOKEN, capability_key_file, run
 
+from versioned_lora.adapters.probe_check import PROBE_ULPS, largest_difference
 from versioned_lora.adapters.reference_forward import ReferenceModel
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_adapter_dir
 from versioned_lora.demo.scenario import DemoRun
 from versioned_lora.demo.stack import Stack
 from versioned_lora.demo.traffic import TrafficShape
-from versioned_lora.fixtures import (
-    ALL_LINEAR_MODULES,
-    QWEN3_0_6B,
-    QWEN3_0_6B_PROBE_EPSILON,
-    QWEN3_0_6B_PROBE_PROMPT,
-    Fixtures,
-)
-from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse, GenerationBackend
+from versioned_lora.fixtures import ALL_LINEAR_MODULES, QWEN3_0_6B, QWEN3_0_6B_PROBE_PROMPT, Fixtures
+from versioned_lora.runtime.interfaces import BackendRequest, BackendResponse, GenerationBackend, ReadyReceipt
 
-LOGPROB_TOLERANCE = QWEN3_0_6B_PROBE_EPSILON  # the probe check's epsilon at this size (module docstring)
+LOGPROB_TOLERANCE = 0.05  # the generated tokens' comparison with the reference at this size (module docstring)
 SEPARATION = 10 * LOGPROB_TOLERANCE
 # The engine's logprobs differ from the reference's by a few bf16 rounding steps of the top logit (2^-7 below
 # |2|: fixtures.QWEN3_0_6B_WEIGHTS); a lead of two tolerances cannot be overturned by a delta within one.
@@ -143,14 +142,16 @@ def test_publication_path_end_to_end_at_0_6b_shape(
     stack = Stack([scale_engines.e0.url, scale_engines.e1.url], TEST_TOKEN, tmp_path, scale_fixtures,
                   reference=scale_reference, route=route_by_worker, bucket_bytes=BUCKET_BYTES,
                   bucket_deadline_s=120.0, client_timeout_s=600.0, capability_key_file=capability_key_file())
-    assert (stack.probe_check.probe_input_ids, stack.probe_check.epsilon) == (PROBE, LOGPROB_TOLERANCE)
-    probes: list[tuple[str, int, float, int, float]] = []  # label, engine's token and logprob, reference's
+    assert (stack.probe_check.probe_input_ids, stack.probe_check.ulps) == (PROBE, PROBE_ULPS)
+    probes: list[tuple[str, float, float]] = []  # label, the engine's largest score difference, the tolerance
     check = stack.publisher.probe_check
 
-    def recording_check(candidate: Any, token_id: int, logprob: float) -> bool:
+    def recording_check(candidate: Any, receipt: ReadyReceipt) -> bool:
         reference = stack.probe_check.reference(candidate)
-        probes.append((stack.labels[candidate.lora_name], token_id, logprob, reference.token_id, reference.logprob))
-        return bool(check(candidate, token_id, logprob))
+        difference = largest_difference(receipt.probe_scores, reference.scores)
+        probes.append((stack.labels[candidate.lora_name], difference.nats if difference else float("inf"),
+                       stack.probe_check.within(candidate)))
+        return bool(check(candidate, receipt))
 
     stack.publisher.probe_check = recording_check  # type: ignore[method-assign]
 
@@ -193,7 +194,7 @@ def test_publication_path_end_to_end_at_0_6b_shape(
     bucket_counts = {v.version_id: len(c.plan.buckets) for v, c in stack.candidates.items()}
     largest_bucket = max(b.nbytes for c in stack.candidates.values() for b in c.plan.buckets)
     answered = [p for p in probes if p[0] in ("A", "B")]
-    worst_probe = max((abs(p[2] - p[4]) for p in answered), default=float("nan"))
+    worst_probe = max((p[1] for p in answered), default=float("nan"))
 
     # First-token (and every token's) logprobs of each version on each engine against the reference, over the
     # same full prefix; the first token scored under the other versions (base, the other adapter) lies at
@@ -236,9 +237,9 @@ def test_publication_path_end_to_end_at_0_6b_shape(
     assert min(bucket_counts.values()) >= 4 and largest_bucket <= BUCKET_BYTES, (bucket_counts, largest_bucket)
     assert {f"bucket_{i}" for i in range(bucket_counts["B"])} <= set(story.outcomes["B"]["phases"])
 
-    # Every probe answered for A and B, on both engines, is the reference's token within the tolerance.
+    # Every probe answered for A and B, on both engines, agrees with the reference's scores within the tolerance.
     assert sorted(p[0] for p in answered) == ["A", "A", "B", "B"], probes
-    assert all(p[1] == p[3] for p in answered) and worst_probe <= LOGPROB_TOLERANCE, answered
+    assert all(p[1] <= p[2] for p in answered), answered
 
     # The first token of each version on each engine, within the tolerance and separated from the others.
     assert checked == {("A", 0), ("A", 1), ("B", 0), ("B", 1)}, checked

@@ -133,6 +133,7 @@ class EngineStaging:
             int(result["incarnation"]),
             int(probe["token_id"]),
             float(probe["logprob"]),
+            tuple(float(x) for x in probe["scores"]),
         )
 
     async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None:

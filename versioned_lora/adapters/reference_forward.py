@@ -1,9 +1,10 @@
-"""The reference a probe is checked against: a transformers + PEFT forward of the same weights.
+"""A transformers + PEFT forward of the same weights an engine serves: the reference of `ReferenceProbeCheck`, an
+option for small models and tests (the default check needs no model: `adapters/probe_check.py`).
 
-`end` on an engine answers the first-token logprob of an exact-version probe; the publisher accepts
-READY_LOCAL only if it matches this forward within `PROBE_EPSILON`. Running the base model in its
-checkpoint dtype (bf16 for the fixture) keeps the comparison like for like; the tolerance covers
-the kernels' different accumulation order (measured on the fixture: |Δ| ≤ 0.004 nats).
+`end` on an engine answers the probe's scores (the candidate's teacher-forced logprob of each probe token); this
+check accepts READY_LOCAL only if they agree with this forward's scores of the same snapshot within the tolerance at
+the top logit this forward measures (`probe_check.tolerance`). Running the base model in its checkpoint dtype (bf16
+for the fixtures) keeps the comparison like for like; the tolerance covers the kernels' different rounding.
 """
 
 from __future__ import annotations
@@ -14,8 +15,8 @@ from typing import Any
 
 import attrs
 
-# Declared before any run (issue: staged publication); measured spread on the CPU fixture is 0.004.
-PROBE_EPSILON = 0.02
+from versioned_lora.adapters.probe_check import PROBE_ULPS, agree, explained, tolerance
+from versioned_lora.runtime.interfaces import ReadyReceipt
 
 
 @attrs.frozen
@@ -23,8 +24,14 @@ class ProbeReference:
     token_id: int
     logprob: float
 
-    def matches(self, token_id: int, logprob: float, epsilon: float = PROBE_EPSILON) -> bool:
-        return token_id == self.token_id and abs(logprob - self.logprob) <= epsilon
+
+@attrs.frozen
+class ProbeScores:
+    """A forward's teacher-forced logprob of each probe token after the ones before it, and the largest logit
+    magnitude over those positions (what the tolerance is derived from)."""
+
+    scores: tuple[float, ...]
+    top_logit: float
 
 
 class ReferenceModel:
@@ -76,6 +83,21 @@ class ReferenceModel:
             if snapshot is not None:
                 self._base = model.unload()
 
+    def probe(self, snapshot: Any, input_ids: Sequence[int]) -> ProbeScores:
+        """The probe as an engine's `end` scores it (one forward over the probe), with the top logit's magnitude."""
+        torch = self._torch
+        model = self._with_adapter(snapshot)
+        try:
+            ids = list(input_ids)
+            with torch.no_grad():
+                logits = model(torch.tensor([ids])).logits[0, :-1].float()
+            logprobs = torch.log_softmax(logits, dim=-1)
+            scores = tuple(float(logprobs[i, token]) for i, token in enumerate(ids[1:]))
+            return ProbeScores(scores, float(logits.abs().max()))
+        finally:
+            if snapshot is not None:
+                self._base = model.unload()
+
     def score(self, snapshot: Any, prefix: Sequence[int], continuation: Sequence[int]) -> list[float]:
         """Teacher-forced logprobs of `continuation` after `prefix` (one forward pass): how an engine's
         own tokens are checked, since on a near-flat distribution greedy argmax can flip between
@@ -113,27 +135,35 @@ _LORA_CONFIG_KEYS = frozenset({"r", "lora_alpha", "target_modules", "bias", "use
 
 
 class ReferenceProbeCheck:
-    """The publisher's `probe_check`: an engine's probe must match this forward of the same snapshot
-    (computed once per digest) within `epsilon`."""
+    """The publisher's `probe_check` against a reference forward: an engine's probe scores must agree with this
+    forward's of the same snapshot (computed once per digest) within `ulps` units in the last place of `dtype` at
+    the top logit the forward measured."""
 
-    def __init__(self, model: ReferenceModel, probe_input_ids: Sequence[int], epsilon: float = PROBE_EPSILON) -> None:
+    def __init__(self, model: ReferenceModel, probe_input_ids: Sequence[int], ulps: float = PROBE_ULPS,
+                 dtype: str = "bfloat16") -> None:
+        if len(probe_input_ids) < 2:
+            raise ValueError("a probe needs at least two tokens: the first is scored by none")
         self.model = model
         self.probe_input_ids = list(probe_input_ids)
-        self.epsilon = epsilon
-        self._by_digest: dict[str, ProbeReference] = {}
+        self.ulps = ulps
+        self.dtype = dtype
+        self._by_digest: dict[str, ProbeScores] = {}
 
-    def reference(self, candidate: Any) -> ProbeReference:
+    def reference(self, candidate: Any) -> ProbeScores:
         digest = candidate.snapshot.digest
         if digest not in self._by_digest:
-            self._by_digest[digest] = self.model.first_token(candidate.snapshot, self.probe_input_ids)
+            self._by_digest[digest] = self.model.probe(candidate.snapshot, self.probe_input_ids)
         return self._by_digest[digest]
 
-    def __call__(self, candidate: Any, token_id: int, logprob: float) -> bool:
-        return self.reference(candidate).matches(token_id, logprob, self.epsilon)
+    def within(self, candidate: Any) -> float:
+        return tolerance(self.reference(candidate).top_logit, self.dtype, self.ulps)
 
-    def explain(self, candidate: Any) -> str:
-        """The reference side of a refusal and the rule, for its message: the token must be the reference's and
-        its logprob within `epsilon` of the reference's."""
+    def __call__(self, candidate: Any, receipt: ReadyReceipt) -> bool:
+        return agree(receipt.probe_scores, self.reference(candidate).scores, self.within(candidate))
+
+    def explain(self, candidate: Any, receipt: ReadyReceipt) -> str:
+        """The reference side of a refusal and the rule, for its message."""
         reference = self.reference(candidate)
-        return (f"the reference forward answers {reference.token_id}/{reference.logprob:.5f}; tolerance: the same "
-                f"token, its logprob within {self.epsilon} nats")
+        return explained(receipt.probe_scores, reference.scores, "the reference forward's", self.within(candidate),
+                         f"{self.ulps:g} ulps of {self.dtype} at the reference's top logit "
+                         f"{reference.top_logit:.3f}, twice")

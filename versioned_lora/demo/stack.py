@@ -16,6 +16,7 @@ from typing import Any
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.engine_process import EngineConfig, EngineProcess, free_port_block, start_all
 from versioned_lora.adapters.engine_staging import EngineStaging
+from versioned_lora.adapters.probe_check import PROBE_ULPS
 from versioned_lora.adapters.ray_registry import RayRegistry, RegistryActor, create_registry_actor
 from versioned_lora.adapters.reference_forward import ReferenceModel, ReferenceProbeCheck
 from versioned_lora.adapters.sglang_backend import SGLangBackend, sticky_by_session
@@ -83,7 +84,7 @@ class Stack:
         deadlines: Deadlines | None = None,
         *,
         probe_prompt: Sequence[int] | None = None,
-        probe_epsilon: float | None = None,
+        probe_ulps: float = PROBE_ULPS,
         reference: ReferenceModel | None = None,
         route: Callable[[BackendRequest], int] | None = None,
         bucket_deadline_s: float = 60.0,
@@ -108,15 +109,15 @@ class Stack:
         self.registry = RayRegistry(self.handle)
         self.clients = {name: SGLangClient(url, token=token, timeout_s=client_timeout_s)
                         for name, url in zip(ENGINE_NAMES, urls, strict=False)}
-        # The probe and its tolerance are the fixture's (fixtures.Fixtures), unless the caller picks its own.
+        # The probe is the fixture's (fixtures.Fixtures), unless the caller picks its own; its scores are checked
+        # against a forward of the fixture's base model (the stack runs on fixtures, whose models are small).
         probe_prompt = list(fixtures.probe_prompt if probe_prompt is None else probe_prompt)
-        probe_epsilon = fixtures.probe_epsilon if probe_epsilon is None else probe_epsilon
         self.ports: dict[str, EngineStaging] = {
             name: EngineStaging(name, client, probe_prompt, bucket_deadline_s=bucket_deadline_s)
             for name, client in self.clients.items()
         }
         self.reference = reference or ReferenceModel(fixtures.model_dir)
-        self.probe_check = ReferenceProbeCheck(self.reference, probe_prompt, probe_epsilon)
+        self.probe_check = ReferenceProbeCheck(self.reference, probe_prompt, probe_ulps)
         self.deadlines = deadlines or Deadlines()
         # Every committed version's bytes, by digest, in the deployment's work directory: what a rehydrate reads
         # when the publisher that published the version is gone.

@@ -20,6 +20,7 @@ import sys
 import time
 from collections.abc import Callable
 from enum import IntEnum
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -86,10 +87,9 @@ async def connect_args(args: argparse.Namespace, *, probe: bool = False,
     loop (a command does what it is asked, once). `probe`: publishing or resolving (a probe check, the lease)."""
     kwargs: dict[str, Any] = {}
     if probe:
-        from versioned_lora.demo.defaults import build_fixtures
-
-        kwargs.update(model_dir=args.model or build_fixtures().model_dir, probe_prompt=probe_prompt(),
-                      holder=args.holder or default_holder(), lease_ttl_s=args.lease_ttl,
+        kwargs.update(probe_prompt=probe_ids(args), probe_top_logit=args.probe_top_logit,
+                      reference_model=args.reference_model, holder=args.holder or default_holder(),
+                      lease_ttl_s=args.lease_ttl,
                       snapshots=args.snapshots, bucket_bytes=args.bucket_bytes, on_phase=on_phase)
     try:
         return await connect(address=args.address, registry=args.name, namespace=args.namespace,
@@ -186,12 +186,29 @@ def _progress(console: Console) -> Progress:
                     TimeElapsedColumn(), console=console, transient=False)
 
 
-def probe_prompt() -> list[int]:
-    """The demo's probe prompt (the tiny fixture's: 20 ids, inside any vocabulary), from demo/ lazily: no
-    module outside fixtures.py and demo/ imports the fixtures module (issue 46, item 5)."""
-    from versioned_lora.demo.defaults import TINY_PROBE_PROMPT
+def probe_ids(args: argparse.Namespace) -> list[int]:
+    """The probe's token ids: `--probe-ids`, or `--probe-file` (ids separated by commas or whitespace; `#` starts a
+    comment), else the fixtures' 20 ids (from demo/ lazily: no module outside fixtures.py and demo/ imports the
+    fixtures module). The engines start with --skip-tokenizer-init: ids, never text, go on the wire."""
+    if args.probe_ids and args.probe_file:
+        raise OperationError("give --probe-ids or --probe-file, not both")
+    text = args.probe_ids
+    if args.probe_file:
+        try:
+            text = "\n".join(line.split("#", 1)[0] for line in Path(args.probe_file).read_text().splitlines())
+        except OSError as exc:
+            raise OperationError(f"cannot read --probe-file: {exc}") from exc
+    if not text:
+        from versioned_lora.demo.defaults import TINY_PROBE_PROMPT
 
-    return list(TINY_PROBE_PROMPT)
+        return list(TINY_PROBE_PROMPT)
+    try:
+        ids = [int(word) for word in text.replace(",", " ").split()]
+    except ValueError as exc:
+        raise OperationError(f"the probe must be token ids (integers): {exc}") from exc
+    if len(ids) < 2 or any(i < 0 for i in ids):
+        raise OperationError(f"the probe needs at least two token ids, none negative: {ids}")
+    return ids
 
 
 def default_holder() -> str:
@@ -413,6 +430,17 @@ def diagram(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------- argparse
 
 
+def add_probe_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--probe-ids", metavar="ID,ID,...", help="the probe's token ids, in the served model's "
+                        "vocabulary (choose them for a real model; default: the fixtures' 20 ids, 10..29)")
+    parser.add_argument("--probe-file", metavar="PATH", help="a file of the probe's token ids (commas or "
+                        "whitespace between them; # starts a comment)")
+    parser.add_argument("--probe-top-logit", type=float, metavar="M", help="the magnitude of the served model's "
+                        "top logits, which the engines' agreement tolerance is derived from (default: 32)")
+    parser.add_argument("--reference-model", metavar="DIR", help="check the engines' probe scores against a "
+                        "forward of this base model instead of against each other (small models and tests)")
+
+
 def add_lease_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--holder", help="this publisher's name for the publisher lease (default: cli@HOST:PID; a "
                    "trainer's Publisher is 'publisher')")
@@ -442,7 +470,7 @@ def add_commands(sub: Any) -> None:
     p.add_argument("peft_dir", metavar="PEFT_DIR")
     p.add_argument("--version-id", required=True)
     add_connection_arguments(p, token=True)
-    p.add_argument("--model", help="base model directory for the probe's reference forward (default: tiny fixture)")
+    add_probe_arguments(p)
     p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES)
     p.add_argument("--wait-for-slot", type=float, metavar="SECONDS", help="refused for capacity: reclaim what is "
                    "eligible and wait up to SECONDS for a free slot, then publish (default: exit 3 at once)")
@@ -458,7 +486,7 @@ def add_commands(sub: Any) -> None:
 
     p = sub.add_parser("resolve", help="settle unknown outcomes: recover pending attempts, finish reclaims")
     add_connection_arguments(p, token=True)
-    p.add_argument("--model", help="base model directory for the probe's reference forward (default: tiny fixture)")
+    add_probe_arguments(p)
     p.add_argument("--bucket-bytes", type=int, default=DEFAULT_BUCKET_BYTES, help="bucket size of a rehydrate")
     add_lease_arguments(p)
     add_snapshots_argument(p)

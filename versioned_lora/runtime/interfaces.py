@@ -188,7 +188,9 @@ class CandidatePort(Protocol):
 
 @attrs.frozen
 class ReadyReceipt:
-    """What an engine's `end` answered: READY_LOCAL plus the probe."""
+    """What an engine's `end` answered: READY_LOCAL plus the probe: the greedy next token with its logprob, and
+    `probe_scores`, the candidate's logprob of each probe token after the ones before it (teacher-forced), which
+    the probe checks compare (`adapters/probe_check.py`)."""
 
     lora_name: str
     digest: str
@@ -196,6 +198,7 @@ class ReadyReceipt:
     incarnation: int
     probe_token: int
     probe_logprob: float
+    probe_scores: tuple[float, ...] = ()
 
 
 class EngineUnreachable(Exception):
@@ -242,7 +245,7 @@ class StagingEnginePort(Protocol[CandidateT_contra]):
     async def reclaim(self, lora_name: str, reclaim_id: str, wait_s: float, capability: str | None = None) -> bool: ...
 
 
-ProbeCheck = Callable[[Any, int, float], bool]  # (candidate, probe token, probe logprob) -> matches
+ProbeCheck = Callable[[Any, ReadyReceipt], bool]  # (candidate, an engine's `end` receipt) -> the probe passes
 
 
 class SnapshotStorePort(Protocol):

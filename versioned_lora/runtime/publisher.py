@@ -118,7 +118,7 @@ class PublisherRefusal(StrEnum):
     # The candidate's lora_name is not the one its version and digest name (spec.identities.lora_name),
     # or not the one the registry reserved: requests would carry a name the registry does not serve.
     NAME_MISMATCH = "NAME_MISMATCH"
-    # An engine's probe of the loaded candidate differs from the reference forward: the attempt is aborted.
+    # The probe check refused an engine's loaded candidate (adapters/probe_check.py): the attempt is aborted.
     PROBE_MISMATCH = "PROBE_MISMATCH"
 
 
@@ -457,7 +457,7 @@ class Publisher:
                 marks["at"] = now
 
         def probe(receipt: ReadyReceipt) -> bool:
-            return self.probe_check(candidate, receipt.probe_token, receipt.probe_logprob)
+            return self.probe_check(candidate, receipt)
 
         loop = DriverLoop(start, self.registry, self.engines, self.seconds, candidate=candidate, probe_check=probe,
                           on_step=on_step)
@@ -493,12 +493,11 @@ class Publisher:
         if failure.kind is Input.LOST:
             return EngineUnreachable(f"{name}: {failure.op}: {said or 'no answer'}")
         if failure.op == "probe":
-            receipt = failed.receipt
-            # Both sides and the tolerance, where the check can say them (ReferenceProbeCheck.explain).
+            # Where the scores differ and the rule they broke, where the check can say it (adapters/probe_check.py).
             explain = getattr(self.probe_check, "explain", None)
-            against = f"; {explain(candidate)}" if explain is not None and candidate is not None else ""
-            return EngineRefused(PublisherRefusal.PROBE_MISMATCH, f"{name}: probe {receipt.probe_token}/"
-                                 f"{receipt.probe_logprob:.5f} differs from the reference forward{against}")
+            said = explain(candidate, failed.receipt) if explain is not None and candidate is not None else ""
+            return EngineRefused(PublisherRefusal.PROBE_MISMATCH, f"{name}: the probe check refused the loaded "
+                                 f"candidate: {said or 'its probe differs'}")
         assert failure.reason is not None
         if failure.op in ("prepared", "ready"):
             said = f"registry refused {failure.op.upper()} from {name}: {failure.reason}"

@@ -197,7 +197,7 @@ class ManagedEngine:
                 "load_s": round(loaded - verified, 6),
                 "probe_s": round(time.monotonic() - loaded, 6),
             }
-            if not math.isfinite(probe["logprob"]):
+            if not all(math.isfinite(x) for x in (probe["logprob"], *probe["scores"])):
                 await self._refuse_candidate(name, attempt_token, probe)
             instance.probe = probe
         return result
@@ -215,7 +215,7 @@ class ManagedEngine:
         if isinstance(result, Rejected):
             raise ProtocolRefusal(result)
         raise CandidateRefused(EngineRefusal.PROBE_NOT_FINITE, f"probe of {name!r} gave logprob {probe['logprob']} "
-                               f"(token {probe['token_id']}); the candidate was cleaned")
+                               f"(token {probe['token_id']}), scores {probe['scores']}; the candidate was cleaned")
 
     async def cleanup(self, name: str, attempt_token: str) -> Any:
         result = await self._run(CleanupAttempt(name, attempt_token), attempt_token)
@@ -379,7 +379,9 @@ class ManagedEngine:
         return UnloadDone(name)
 
     async def _probe(self, name: str, input_ids: list[int]) -> dict[str, Any]:
-        """An exact-version probe through the ordinary request path: one greedy token with logprob."""
+        """An exact-version probe through the ordinary request path, in one prefill: the candidate's logprob of
+        each probe token after the tokens before it (`scores`, teacher-forced: no token is chosen, so no near-tie
+        between two tokens decides anything), and the greedy next token with its logprob."""
         from sglang.srt.managers.io_struct import GenerateReqInput
 
         request = GenerateReqInput(
@@ -387,14 +389,15 @@ class ManagedEngine:
             lora_path=name,
             sampling_params={"max_new_tokens": 1, "temperature": 0.0},
             return_logprob=True,
+            logprob_start_len=0,  # input_token_logprobs for the whole probe (the first token's is None)
         )
         await hold_points.HOLDS.reach("probe", name)
         output = await self.tm.generate_request(request, None).__anext__()
         meta = output["meta_info"]
         first = meta["output_token_logprobs"][0]
-        # A non-finite logprob may come back as NaN or, once through a JSON layer, as None: both are not finite.
-        logprob = float(first[0]) if isinstance(first[0], int | float) else math.nan
-        return {"token_id": int(first[1]), "logprob": logprob, "cached_tokens": meta.get("cached_tokens", 0)}
+        scores = [_finite_or_nan(entry[0]) for entry in meta["input_token_logprobs"][1:]]
+        return {"token_id": int(first[1]), "logprob": _finite_or_nan(first[0]), "scores": scores,
+                "cached_tokens": meta.get("cached_tokens", 0)}
 
     # ---------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:
@@ -427,3 +430,9 @@ class ManagedEngine:
                 }
             )
         return {"incarnation": self.incarnation, "managed": adapters}
+
+
+def _finite_or_nan(value: Any) -> float:
+    """A logprob as a float; a non-finite one may come back as NaN or, once through a JSON layer, as None: both are
+    not finite."""
+    return float(value) if isinstance(value, int | float) else math.nan
