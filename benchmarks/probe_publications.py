@@ -37,9 +37,8 @@ from safetensors.torch import load_file
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
-from versioned_lora import connect
+from versioned_lora import connect, stop_registry
 from versioned_lora.adapters.probe_check import PROBE_ULPS, agree, tolerance
-from versioned_lora.adapters.ray_registry import stop_registry
 from versioned_lora.adapters.reference_forward import ReferenceModel
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot, snapshot_from_tensors
@@ -121,9 +120,11 @@ async def run(args: argparse.Namespace, urls: list[str], token: str, key_file: P
         async with await connect(journal=out / "registry.sqlite", engines=urls, token=token, key_file=key_file,
                                  capacity=2, registry=registry, probe_prompt=PROBE) as deployment:
             stop = asyncio.Event()
-            load = asyncio.create_task(traffic(deployment, stop, failures))
+            load: asyncio.Task[int] | None = None
             for step, snapshot in enumerate(candidates):
                 result = await deployment.publish(f"s{step}", snapshot, wait_for_slot_s=300)
+                if load is None and result.committed:  # sessions from the first version on
+                    load = asyncio.create_task(traffic(deployment, stop, failures))
                 statuses[str(result.outcome)] = statuses.get(str(result.outcome), 0) + 1
                 warnings += result.warning is not None
                 expected = reference.probe(snapshot, PROBE)
@@ -141,7 +142,7 @@ async def run(args: argparse.Namespace, urls: list[str], token: str, key_file: P
                     print(f"step {step + 1}: {statuses} old_check_refusals={old_refusals} "
                           f"failed_requests={len(failures)}", flush=True)
             stop.set()
-            sessions_done = await load
+            sessions_done = await load if load is not None else 0
     finally:
         stop_registry(registry, address=None)
     return {
