@@ -1,6 +1,7 @@
 """`versioned-lora registry`: a registry started from the command line records the engines' URLs, so `status`,
-`publish` and `reclaim` need only its address and name (real Ray, the session's two real engines, child
-processes); in the foreground it serves until SIGINT and stops without a traceback."""
+`publish` and `reclaim` need only its address and name, or only the profile it wrote (`--write-profile`: the
+connection settings written once); real Ray, the session's two real engines, child processes. In the foreground it
+serves until SIGINT and stops without a traceback."""
 
 from __future__ import annotations
 
@@ -19,17 +20,19 @@ from versioned_lora import stop_registry
 from versioned_lora.ops.commands import Exit
 
 
-def test_a_detached_registry_is_used_with_only_its_address_by_status_publish_and_reclaim(
+def test_a_detached_registry_is_used_with_only_its_address_or_its_profile_by_status_publish_and_reclaim(
     engines, fixtures, tmp_path
 ) -> None:
     address = ray.get_runtime_context().gcs_address
     name = f"cli-registry-{uuid.uuid4().hex[:8]}"
     where = ["--address", address, "--name", name]
+    profile = tmp_path / "deployment.toml"
 
     async def body() -> None:
         started = await cli("registry", "--journal", str(tmp_path / "registry.sqlite"), "--engines",
                             f"E0={engines.e0.url},E1={engines.e1.url}", "--key-file", str(capability_key_file()),
-                            "--detach", *where)
+                            "--detach", *where, "--write-profile", str(profile),
+                            "--token-file", str(token_file(tmp_path)))
         assert started.code == 0, started.stdout + started.stderr
         info = json.loads(next(line for line in started.stdout.splitlines()
                                if line.startswith("REGISTRY "))[len("REGISTRY "):])
@@ -39,13 +42,14 @@ def test_a_detached_registry_is_used_with_only_its_address_by_status_publish_and
             status = await cli("status", "--json", *where)  # no --engines: the registry recorded them
             assert status.code == 0, status.stdout + status.stderr
             assert [e["name"] for e in status.json()["engines"]] == ["E0", "E1"]
-            token = ["--token-file", str(token_file(tmp_path))]
+            # Everything else from the profile alone: the address, the actor's name, the token file.
+            assert f'name = "{name}"' in profile.read_text() and "token_file" in profile.read_text()
             for adapter, version_id in (("A", "v1"), ("B", "v2")):
                 published = await cli("publish", str(fixtures.adapters[adapter]), "--version-id", version_id,
-                                      *where, *token)
+                                      "--profile", str(profile))
                 assert published.code == Exit.OK, published.stdout + published.stderr
                 assert published.receipt()["epoch"] == epoch
-            reclaimed = await cli("reclaim", *where, *token)  # v1: RETIRED, no session ever held it
+            reclaimed = await cli("reclaim", "--profile", str(profile))  # v1: RETIRED, no session ever held it
             assert reclaimed.code == Exit.OK, reclaimed.stdout + reclaimed.stderr
             assert [(r["version_id"], r["status"]) for r in reclaimed.receipt()["reclaims"]] == [("v1", "RECLAIMED")]
         finally:

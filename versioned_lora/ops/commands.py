@@ -60,31 +60,89 @@ class OperationError(Exception):
 # ---------------------------------------------------------------- connection
 
 
-# The connection settings, written once: each flag's default is its environment variable when set.
+# The connection settings, written once: in a profile (a TOML file named by --profile or $VERSIONED_LORA_PROFILE,
+# which `versioned-lora registry --write-profile PATH` writes), or per setting in an environment variable. A flag
+# wins over its environment variable, which wins over the profile, which wins over the built-in default.
 ADDRESS_ENV, REGISTRY_ENV = "VERSIONED_LORA_ADDRESS", "VERSIONED_LORA_REGISTRY"
 NAMESPACE_ENV, TOKEN_FILE_ENV = "VERSIONED_LORA_NAMESPACE", "VERSIONED_LORA_TOKEN_FILE"
+PROFILE_ENV = "VERSIONED_LORA_PROFILE"
+# Every setting a profile may hold, with its type and its built-in default (None: none).
+PROFILE_SETTINGS: dict[str, tuple[type, Any]] = {
+    "address": (str, "auto"), "name": (str, REGISTRY_ACTOR_NAME), "namespace": (str, REGISTRY_NAMESPACE),
+    "engines": (str, None), "token_file": (str, None), "probe_ids": (str, None), "probe_file": (str, None),
+    "probe_top_logit": (float, None), "reference_model": (str, None),
+}
 
 
 def add_connection_arguments(parser: argparse.ArgumentParser, *, token: bool) -> None:
     env = os.environ
-    parser.add_argument("--address", default=env.get(ADDRESS_ENV, "auto"), help=f"Ray cluster address (default: "
-                        f"${ADDRESS_ENV}, else auto)")
-    parser.add_argument("--namespace", default=env.get(NAMESPACE_ENV, REGISTRY_NAMESPACE), help=f"registry actor "
-                        f"namespace (default: ${NAMESPACE_ENV}, else {REGISTRY_NAMESPACE})")
-    parser.add_argument("--name", default=env.get(REGISTRY_ENV, REGISTRY_ACTOR_NAME), help=f"registry actor name "
-                        f"(default: ${REGISTRY_ENV}, else {REGISTRY_ACTOR_NAME})")
+    parser.add_argument("--profile", default=env.get(PROFILE_ENV), metavar="PATH", help=f"a TOML file of these "
+                        f"settings, written once (default: ${PROFILE_ENV}; `versioned-lora registry --write-profile` "
+                        f"writes one)")
+    parser.add_argument("--address", default=env.get(ADDRESS_ENV), help=f"Ray cluster address (default: "
+                        f"${ADDRESS_ENV}, else the profile's, else auto)")
+    parser.add_argument("--namespace", default=env.get(NAMESPACE_ENV), help=f"registry actor namespace (default: "
+                        f"${NAMESPACE_ENV}, else the profile's, else {REGISTRY_NAMESPACE})")
+    parser.add_argument("--name", default=env.get(REGISTRY_ENV), help=f"registry actor name (default: "
+                        f"${REGISTRY_ENV}, else the profile's, else {REGISTRY_ACTOR_NAME})")
     parser.add_argument("--engines", help="engine URLs, comma-separated, in the registry's engine order (E0,E1,...), "
-                        "or NAME=URL,... (default: the URLs the registry recorded: `versioned-lora registry`)")
-    token_file = env.get(TOKEN_FILE_ENV)
-    parser.add_argument("--token-file", default=token_file, required=token and not token_file,
-                        help=f"file holding the engines' managed-endpoint token (default: ${TOKEN_FILE_ENV})"
-                        + ("" if token else "; status reads only the open status endpoint"))
+                        "or NAME=URL,... (default: the profile's, else the URLs the registry recorded)")
+    parser.add_argument("--token-file", default=env.get(TOKEN_FILE_ENV),
+                        help=f"file holding the engines' managed-endpoint token (default: ${TOKEN_FILE_ENV}, else the "
+                        f"profile's)" + ("; needed" if token else "; status reads only the open status endpoint"))
+    parser.set_defaults(needs_token=token)
+
+
+def read_profile(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """A profile's settings, checked: an unknown key or a value of the wrong type is an OperationError."""
+    import tomllib
+
+    try:
+        with open(path, "rb") as file:
+            profile = tomllib.load(file)
+    except (OSError, tomllib.TOMLDecodeError) as exc:
+        raise OperationError(f"cannot read the profile {path}: {exc}") from exc
+    unknown = sorted(set(profile) - set(PROFILE_SETTINGS))
+    if unknown:
+        raise OperationError(f"profile {path}: unknown setting(s) {unknown}; known: {sorted(PROFILE_SETTINGS)}")
+    for key, value in profile.items():
+        kind = PROFILE_SETTINGS[key][0]
+        if not isinstance(value, kind) and not (kind is float and isinstance(value, int) and
+                                                not isinstance(value, bool)):
+            raise OperationError(f"profile {path}: {key} must be a {kind.__name__}, got {value!r}")
+    return {key: float(value) if PROFILE_SETTINGS[key][0] is float else value for key, value in profile.items()}
+
+
+def write_profile(path: str | os.PathLike[str], settings: dict[str, Any]) -> None:
+    """Write a profile of `settings` (the keys of PROFILE_SETTINGS whose value is not None)."""
+    lines = ["# versioned-lora profile: the connection settings every command reads (--profile or "
+             f"${PROFILE_ENV}); a flag or an environment variable overrides each."]
+    for key, value in settings.items():
+        if key not in PROFILE_SETTINGS:
+            raise ValueError(f"not a profile setting: {key}")
+        if value is not None:
+            lines.append(f"{key} = {json.dumps(value)}")  # a JSON string or number is a TOML one
+    Path(path).write_text("\n".join(lines) + "\n")
+
+
+def settle_connection(args: argparse.Namespace) -> None:
+    """Fill every setting no flag or environment variable gave: from the profile, else the built-in default."""
+    profile = read_profile(args.profile) if getattr(args, "profile", None) else {}
+    if getattr(args, "probe_ids", None) or getattr(args, "probe_file", None):
+        profile = {k: v for k, v in profile.items() if k not in ("probe_ids", "probe_file")}  # one probe: the flag's
+    for key, (_, default) in PROFILE_SETTINGS.items():
+        if hasattr(args, key) and getattr(args, key) is None:
+            setattr(args, key, profile.get(key, default))
+    if getattr(args, "needs_token", False) and not args.token_file:
+        raise OperationError(f"this command needs the engines' token: --token-file, ${TOKEN_FILE_ENV}, or token_file "
+                             f"in the profile")
 
 
 async def connect_args(args: argparse.Namespace, *, probe: bool = False,
                        on_phase: Callable[[str, str, float], None] | None = None) -> Deployment:
     """The deployment these arguments name, through the library's API (`versioned_lora.connect`), with no reclaim
     loop (a command does what it is asked, once). `probe`: publishing or resolving (a probe check, the lease)."""
+    settle_connection(args)
     kwargs: dict[str, Any] = {}
     if probe:
         kwargs.update(probe_prompt=probe_ids(args), probe_top_logit=args.probe_top_logit,
@@ -371,6 +429,12 @@ def registry(args: argparse.Namespace) -> int:
     print("REGISTRY " + json.dumps({"address": info.address, "name": info.name, "namespace": info.namespace,
                                     "epoch": info.epoch, "engines": dict(info.engines), "journal": info.journal,
                                     "detached": info.detached}, sort_keys=True), flush=True)
+    if args.write_profile:
+        write_profile(args.write_profile, {"address": info.address, "name": info.name, "namespace": info.namespace,
+                                           "token_file": str(Path(args.token_file).resolve()) if args.token_file
+                                           else None})
+        print(f"profile written to {args.write_profile}: every other command needs only --profile "
+              f"{args.write_profile} (or ${PROFILE_ENV})", flush=True)
     if args.detach:
         return int(Exit.OK)
     stop = False
@@ -507,6 +571,10 @@ def add_commands(sub: Any) -> None:
     p.add_argument("--name", default=REGISTRY_ACTOR_NAME)
     p.add_argument("--detach", action="store_true", help="leave the actor running in the cluster and exit "
                    "(default: serve in the foreground until Ctrl-C or SIGTERM)")
+    p.add_argument("--write-profile", metavar="PATH", help="write the connection settings (the cluster's address, "
+                   "the actor's name and namespace, --token-file if given) to a profile every other command reads")
+    p.add_argument("--token-file", help="the engines' token file, recorded in the profile (the registry itself never "
+                   "reads it)")
     p.set_defaults(func=registry)
 
     p = sub.add_parser("registry-stop", help="end a detached registry actor (its journal stays)")
