@@ -3,8 +3,10 @@
 Two real SGLang CPU engines serve the real-logit fixture (`tiny-real-logits`: top logits 20-30 under its adapters,
 where one bf16 step is 0.125); the registry, the Publisher and the reclaim loop are the trainer-facing API's
 (`versioned_lora.connect`, default probe check: the engines' teacher-forced scores must agree with each other,
-no base model). Agentic sessions run on both engines the whole time. Each step publishes the fixture's adapter A
-moved a little further by seeded noise (as an RL loop's small steps), waiting for a slot if both are held.
+no base model). Agentic sessions run on both engines the whole time. Step i publishes the fixture's adapter A, B
+or C (in turn) moved a little further along its own seeded random walk (as an RL loop's small steps; three walks,
+so that consecutive versions differ as much as two policies do and as little as two steps of one), waiting for a
+slot if both are held.
 
 Every candidate is correct, so every refusal of one is a false refusal. Beside the check that decided, the check of
 before is scored on the same engines' answers (each engine's greedy probe token and its logprob, read from the
@@ -60,15 +62,19 @@ def git_commit() -> str:
         return "unknown"
 
 
-def steps(adapter_dir: Path, count: int, seed: int) -> list[Snapshot]:
-    """`count` successive small moves of the adapter, each from the one before (a random walk)."""
-    tensors = {k: t.float() for k, t in load_file(str(adapter_dir / "adapter_model.safetensors")).items()}
-    config = json.loads((adapter_dir / "adapter_config.json").read_text())
+def walks(adapter_dirs: list[Path], count: int, seed: int) -> list[Snapshot]:
+    """`count` snapshots: step i moves adapter i % len(adapter_dirs) one step further along its own random walk."""
     generator = torch.Generator().manual_seed(seed)
+    current, configs = [], []
+    for directory in adapter_dirs:
+        current.append({k: t.float() for k, t in load_file(str(directory / "adapter_model.safetensors")).items()})
+        configs.append(json.loads((directory / "adapter_config.json").read_text()))
     out = []
-    for _ in range(count):
-        tensors = {k: t + STEP_SCALE * t.std() * torch.randn(t.shape, generator=generator) for k, t in tensors.items()}
-        out.append(snapshot_from_tensors({k: t.to(torch.bfloat16) for k, t in tensors.items()}, config))
+    for step in range(count):
+        i = step % len(adapter_dirs)
+        current[i] = {k: t + STEP_SCALE * t.std() * torch.randn(t.shape, generator=generator)
+                      for k, t in current[i].items()}
+        out.append(snapshot_from_tensors({k: t.to(torch.bfloat16) for k, t in current[i].items()}, configs[i]))
     return out
 
 
@@ -109,7 +115,7 @@ async def probes_of(urls: list[str], token: str, name: str) -> list[dict[str, An
 async def run(args: argparse.Namespace, urls: list[str], token: str, key_file: Path, out: Path) -> dict[str, Any]:
     fixtures = build_fixtures(fixture=REAL_LOGITS)
     reference = ReferenceModel(fixtures.model_dir)
-    candidates = steps(fixtures.adapters["A"], args.publications, args.seed)
+    candidates = walks([fixtures.adapters[name] for name in sorted(fixtures.adapters)], args.publications, args.seed)
     (out / "engine.token").write_text(token)
     registry = f"probe-bench-{uuid.uuid4().hex[:8]}"
     statuses: dict[str, int] = {}
