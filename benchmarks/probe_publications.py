@@ -106,7 +106,8 @@ async def probes_of(urls: list[str], token: str, name: str) -> list[dict[str, An
     found = []
     for url in urls:
         async with SGLangClient(url, token=token, timeout_s=60.0) as client:
-            adapter = await client.adapter(name)
+            managed = (await client.status())["managed"]
+            adapter = next((a for a in managed if a["name"] == name), None)
             if adapter is not None and adapter.get("probe"):
                 found.append(adapter["probe"])
     return found
@@ -119,7 +120,7 @@ async def run(args: argparse.Namespace, urls: list[str], token: str, key_file: P
     (out / "engine.token").write_text(token)
     registry = f"probe-bench-{uuid.uuid4().hex[:8]}"
     statuses: dict[str, int] = {}
-    false_refusals, old_refusals, reference_refusals, warnings, tops = [], 0, 0, 0, []
+    false_refusals, old_refusals, reference_refusals, warnings, tops, read = [], 0, 0, 0, [], 0
     failures: list[str] = []
     began = time.monotonic()
     try:
@@ -140,6 +141,7 @@ async def run(args: argparse.Namespace, urls: list[str], token: str, key_file: P
                     continue
                 first = reference.first_token(snapshot, PROBE)
                 for probe in await probes_of(urls, token, result.lora_name or ""):
+                    read += 1
                     old_refusals += not (probe["token_id"] == first.token_id
                                          and abs(probe["logprob"] - first.logprob) <= OLD_EPSILON)
                     within = tolerance(expected.top_logit, "bfloat16", PROBE_ULPS)
@@ -154,7 +156,7 @@ async def run(args: argparse.Namespace, urls: list[str], token: str, key_file: P
     return {
         "fixture": REAL_LOGITS, "top_logit_p50": round(statistics.median(tops), 2), "publications": len(candidates),
         "committed": statuses.get("COMMITTED", 0), "false_refusals": len(false_refusals),
-        "old_check_refusals": old_refusals, "reference_check_refusals": reference_refusals,
+        "engine_probes_read": read, "old_check_refusals": old_refusals, "reference_check_refusals": reference_refusals,
         "indistinct_warnings": warnings, "failed_requests": len(failures), "sessions": sessions_done,
         "seconds": round(time.monotonic() - began, 1), "commit": args.commit,
         "false_refusal_details": false_refusals, "failure_details": failures[:10], "statuses": statuses,
@@ -186,10 +188,12 @@ def main(argv: list[str] | None = None) -> int:
 
             ray.shutdown()
     print(json.dumps({k: v for k, v in report.items() if k.endswith("details") or k == "statuses"}, indent=1))
-    keys = ("fixture", "top_logit_p50", "publications", "committed", "false_refusals", "old_check_refusals",
+    keys = ("fixture", "top_logit_p50", "publications", "committed", "false_refusals", "engine_probes_read",
+            "old_check_refusals",
             "reference_check_refusals", "indistinct_warnings", "failed_requests", "sessions", "seconds", "commit")
     print(" ".join(f"{k}={report[k]}" for k in keys), flush=True)
-    return 0 if report["false_refusals"] == 0 and report["failed_requests"] == 0 else 1
+    ok = report["false_refusals"] == 0 and report["failed_requests"] == 0
+    return 0 if ok and report["engine_probes_read"] == 2 * report["committed"] else 1
 
 
 if __name__ == "__main__":
