@@ -382,9 +382,12 @@ def test_row_5_bind_close_and_cancel_complete_concurrency_one_binding_one_ref_cl
             assert (await d.binder.bind_first(key)).version == a_version and await refs() == 1
 
             # A generation in flight when the session closes: its response is dropped, nothing reopens.
-            slow = asyncio.create_task(d.binder.generate(key, PROMPT, 600, sampling={"ignore_eos": True}))
-            while not entry.issued:
+            slow = asyncio.create_task(d.binder.generate(key, PROMPT, 600, sampling={"ignore_eos": True}, rid="slow"))
+            # Sent to the engine, not only dispatched: a close landing while the dispatch view is read is refused
+            # before anything is sent (row view.closing, SESSION_CLOSED), which is not this case.
+            while (phase := slow_phase(entry)) in (None, "VIEWING"):
                 await asyncio.sleep(0.01)
+            assert phase == "SENDING", phase
             report = await d.binder.finish(key)
             assert report.released and await refs() == 0
             try:
@@ -411,6 +414,12 @@ def test_row_5_bind_close_and_cancel_complete_concurrency_one_binding_one_ref_cl
             assert isinstance(again.result, Rejected) and str(again.result.reason) == "SESSION_CLOSED"
 
     run(body())
+
+
+def slow_phase(entry: Any) -> str | None:
+    """The phase of the session's request "slow" in its driver (None before it opened)."""
+    request = entry.state.requests.get("slow") if entry.state is not None else None
+    return None if request is None else str(request.phase)
 
 
 class PriorityFor:
