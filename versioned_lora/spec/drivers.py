@@ -368,7 +368,9 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         commands=("submit_ready", "arm_ready"),
         doc="Record READY (one key per attempt, engine and the incarnation that answered)."),
     row("probe.mismatch", SN, "CHECKING", I.ANSWER, "FAILED", guards=("answers_probe",),
-        commands=("note_refusal",), doc="The loaded candidate's probe scores disagree (engine with engine, or with a reference forward): never recorded READY."),
+        commands=("note_refusal",),
+        doc="The loaded candidate's probe scores disagree (engine with engine, or with a reference forward): never "
+            "recorded READY."),
     row("probe.lost", SN, "CHECKING", I.LOST, "FAILED", guards=("answers_probe",), commands=("note_refusal",),
         doc="The check itself failed (e.g. a reference forward raised): not known to match, so never READY."),
     row("ready.recorded", SN, "RECORDING", I.ANSWER, "READY", guards=("answers_ready",), commands=("disarm_stage",)),
