@@ -15,9 +15,10 @@ trained model's top logits sit at 20-30, where one bf16 step is 0.125. `PROBE_UL
 
 - `AgreementProbeCheck`, the default, needs no model anywhere: every engine's scores for a candidate must agree,
   within the tolerance at the deployment's stated top-logit magnitude, with the scores of the first engine that
-  answered for that candidate (its snapshot's digest). A candidate whose scores agree with the last committed
-  version's as well cannot be told apart from it by this probe: `indistinct` says so (the API reports it as a
-  warning on the outcome, never a refusal; the manifest's digest has already proven the bytes).
+  answered for that candidate (its snapshot's digest); on a deployment of one engine it can only require a complete,
+  finite probe (use `ReferenceProbeCheck` there if a forward fits). A candidate whose scores agree with the last
+  committed version's as well cannot be told apart from it by this probe: `indistinct` says so (the API reports it as
+  a warning on the outcome, never a refusal; the manifest's digest has already proven the bytes).
 - `ReferenceProbeCheck` (`adapters/reference_forward.py`), an option for small models and tests: the scores must
   agree with a transformers + PEFT forward of the same snapshot, within the tolerance at the top logit that forward
   measures.
