@@ -11,6 +11,7 @@ on every operation they use."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 from collections.abc import Callable
 
@@ -23,6 +24,7 @@ from versioned_lora.runtime.interfaces import (
 
 Fault = Callable[[BackendRequest], str | None]  # "5xx" | "unknown" | None
 Stall = Callable[[BackendRequest], bool]  # True: the generation waits after its first token until aborted
+STALL_LIMIT_S = 30.0  # ... or this long
 
 
 def token(lora_path: str, context: tuple[int, ...]) -> int:
@@ -61,7 +63,10 @@ class ScriptedBackend:
             await asyncio.sleep(self.token_delay_s)
             out.append(token(request.lora_path, context + tuple(out)))
             if len(out) == 1 and hold is None and self.stall is not None and self.stall(request):
-                await self._abort_events.setdefault(request.rid, asyncio.Event()).wait()
+                # Bounded: an abort that never comes (sent before the request was) must not hang the test.
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._abort_events.setdefault(request.rid, asyncio.Event()).wait(),
+                                           STALL_LIMIT_S)
         return BackendResponse(request.rid, tuple(out), tuple(-1.0 for _ in out), "length")
 
     async def abort(self, rid: str) -> None:

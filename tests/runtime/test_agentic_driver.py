@@ -44,7 +44,7 @@ def faults(request: BackendRequest) -> str | None:
 
 def script(name: str, abort: bool) -> SessionScript:
     return SessionScript(name, prompt=(1, 2, 3, len(name)), turns=3, max_new_tokens=6,
-                         abort_resume_turn=2 if abort else None, abort_after_s=0.002)
+                         abort_resume_turn=2 if abort else None, abort_after_s=0.3)
 
 
 def test_injected_faults_driver_runs_sessions_through_a_publication_and_finishes_them(tmp_path: Path) -> None:
@@ -58,7 +58,9 @@ def test_injected_faults_driver_runs_sessions_through_a_publication_and_finishes
         old = [script(f"old{i}{kinds[i % 3]}", abort=i % 2 == 0) for i in range(12)]
         new = [script(f"new{i}{kinds[i % 3]}", abort=i % 2 == 1) for i in range(12)]
         # The first attempt of an aborting turn stalls after one token until its abort arrives, so the abort
-        # is mid-generation however late a loaded machine delivers it.
+        # is mid-generation however late a loaded machine delivers it. The abort is sent 0.3 s after the attempt
+        # (AgenticDriver): an abort sent before the request itself left is dropped by the binder (nothing in flight
+        # under that rid), and the stall then ends at its limit and the assertion below names the rid.
         aborting = {f"{s.session_id}/t{s.abort_resume_turn}/a0" for s in old + new if s.abort_resume_turn is not None}
         backend = ScriptedBackend(token_delay_s=0.001, fault=faults, stall=lambda r: r.rid in aborting)
         binder = SessionBinder(registry, backend, epoch=0, shard=7, gate=DispatchGate(registry),
