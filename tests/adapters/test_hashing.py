@@ -405,7 +405,10 @@ def test_a_snapshot_is_manifest_v2_by_default_and_v1_when_asked() -> None:
     assert PUBLISHED_HASH_KIND == V2_HASH
     assert (v2.manifest.hash_kind, v2.manifest.format) == (V2_HASH, MANIFEST_FORMAT_V2)
     assert (v1.manifest.hash_kind, v1.manifest.format) == ("sha256", MANIFEST_FORMAT)
-    assert v2.manifest == manifest_from_tensors(v2.tensors, v2.serving_config, hash_kind=V2_HASH)
+    # ... recording the served digest in the pool dtype bf16 (adapters/served.py); a v1 manifest has none.
+    assert v2.manifest == manifest_from_tensors(v2.tensors, v2.serving_config, hash_kind=V2_HASH,
+                                                served_dtype="bfloat16")
+    assert v2.manifest.served is not None and v1.manifest.served is None
     # v1 asked for is exactly the manifest v1 has always been: no "hash" key, the same bytes as a Manifest's default.
     assert v1.manifest.to_json_bytes() == manifest_from_tensors(tensors, v1.serving_config).to_json_bytes()
     assert "hash" not in json.loads(v1.manifest.to_json())

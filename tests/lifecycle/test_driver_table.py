@@ -22,6 +22,7 @@ from versioned_lora.lifecycle.drivers import (
     Bind,
     Call,
     Cancel,
+    CheckRefused,
     CleanupEngineState,
     Deadline,
     Disarm,
@@ -41,6 +42,7 @@ from versioned_lora.lifecycle.drivers import (
     Resolve,
     StageEngine,
     StageEngineState,
+    StageFailure,
     Start,
     Submit,
     Timer,
@@ -354,6 +356,22 @@ def test_ready_is_recorded_only_after_the_probe_matched() -> None:
                                   Answer(Call("probe", "E1"), True))
     (ready,) = [c for c in commands if isinstance(c, Submit)]
     assert ready.key == "ready:t:E1:1" and fired == ["end.answered", "probe.matches"]
+    # A plain False is the probe's mismatch: no code of its own (the publisher's PROBE_MISMATCH).
+    assert state.engines["E0"].failure == StageFailure(Input.ANSWER, "probe", None)
+
+
+def test_a_typed_refusal_of_the_served_check_is_the_engines_failure_with_its_code() -> None:
+    """What the engine serves (issue 46, item 1): the check answers a `CheckRefused`; the same row as a probe that
+    differs (never READY) records the refusal's code, which the publication's outcome carries."""
+    state, _, _ = _run(stage(B, "t", 1, _STAGES), Start(), *(Answer(Call("begin", e)) for e in ENGINES),
+                       *(Answer(Call("prepared", e), Reply(Recorded(B, e, PlacementState.PREPARED))) for e in ENGINES),
+                       *(Answer(Call("bucket", e)) for e in ENGINES))
+    refused = CheckRefused("SERVED_DIGEST_MISMATCH", "E0 holds x, the snapshot y")
+    state, fired, commands = _run(state, Answer(Call("end", "E0"), Receipt(1, "d")),
+                                  Answer(Call("probe", "E0"), refused))
+    assert fired == ["end.answered", "probe.mismatch", "stage.waiting"]
+    assert not any(isinstance(c, Submit) for c in commands)
+    assert state.engines["E0"].failure == StageFailure(Input.ANSWER, "probe", "SERVED_DIGEST_MISMATCH")
 
 
 # ---------------------------------------------------------------- every reachable state x every input

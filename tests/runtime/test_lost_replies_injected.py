@@ -23,7 +23,7 @@ from versioned_lora.adapters.registry_core import RegistryCore
 from versioned_lora.lifecycle import VersionKey
 from versioned_lora.runtime.deadlines import Deadlines
 from versioned_lora.runtime.dispatch_gate import DispatchGate, VersionUnavailable
-from versioned_lora.runtime.interfaces import EngineRefused, ReadyReceipt, RegistryUnavailable
+from versioned_lora.runtime.interfaces import EngineRefused, ReadyReceipt, RegistryUnavailable, ServedIdentity
 from versioned_lora.runtime.publisher import Publisher, PublisherRefusal, PublishStatus
 from versioned_lora.runtime.reclaimer import Reclaimer, ReclaimStatus
 from versioned_lora.runtime.session_binder import SessionBinder
@@ -40,6 +40,10 @@ class FakeCandidate:
     lora_name: str
     digest: str
     bucket_count: int = 2
+
+    def served_identity(self) -> ServedIdentity:
+        # A double's own: what its engines below read back (the real check is runtime/served_check.py's).
+        return ServedIdentity("bfloat16", self.digest, "{}")
 
 
 def candidate(label: str) -> tuple[VersionKey, FakeCandidate]:
@@ -66,7 +70,8 @@ class RecordingEngine:
 
     async def end(self, candidate: Any, attempt_token: str) -> ReadyReceipt:
         self.calls.append(("end", candidate.lora_name))
-        return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, 0, 7, -1.0, (-1.0, -2.0))
+        return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, 0, 7, -1.0, (-1.0, -2.0),
+                            candidate.served_identity())
 
     def drop_link(self) -> None:
         self.calls.append(("drop_link", ""))

@@ -76,7 +76,7 @@ class Restartable(RecordingEngine):
     async def end(self, candidate: Any, attempt_token: str) -> ReadyReceipt:
         self.calls.append(("end", candidate.lora_name))
         return ReadyReceipt(candidate.lora_name, candidate.digest, attempt_token, self.incarnation_now, 7, -1.0,
-                            (-1.0, -2.0))
+                            (-1.0, -2.0), candidate.served_identity())
 
 
 class Holds:

@@ -97,7 +97,12 @@ def test_happy_path_over_buckets_probe_matches_a_peft_forward(engines, fixtures,
             assert ready["adapter"]["lora_id"] and ready["adapter"]["pinned"]
             # Where `end` spent its time, as the status view reports it (benchmarks/end_phase.py reads these).
             parts = ready["adapter"]["end_parts"]
-            assert set(parts) == {"verify_wait_s", "verify_tail_s", "load_s", "probe_s"}, parts
+            assert set(parts) == {"verify_wait_s", "verify_tail_s", "load_s", "probe_s", "served_s"}, parts
+            # What the engine read back from its LoRA pool is the snapshot as served (issue 46, item 1), under
+            # either manifest version (a v1 one records none: the candidate computes it from its tensors).
+            identity = candidate.served_identity()
+            assert ready["adapter"]["served"]["digest"] == identity.digest, ready["adapter"]["served"]
+            assert ready["adapter"]["served"]["config"] == identity.config
             assert all(isinstance(v, float) and 0 <= v < 60 for v in parts.values()), parts
             # The candidate's teacher-forced scores of the probe, one per token after the first, agree with the
             # reference forward's within the probe check's tolerance.

@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from versioned_lora.adapters.served import DEFAULT_SERVED_DTYPE, expected_served_config, served_record
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import Snapshot
 from versioned_lora.adapters.transfer import (
@@ -28,6 +29,7 @@ from versioned_lora.adapters.transfer import (
     packed_buckets,
     send_bucket,
 )
+from versioned_lora.runtime.interfaces import ServedIdentity
 from versioned_lora.spec.wire import transfer_group_name
 
 
@@ -51,6 +53,16 @@ class Candidate:
     @property
     def bucket_count(self) -> int:
         return len(self.plan.buckets)
+
+    def served_identity(self) -> ServedIdentity:
+        """The snapshot as an engine must serve it: its manifest's served record, and the config the manifest means
+        (adapters/served.py). A manifest without a record (v1, or a v2 version published before records existed) has
+        it computed from the snapshot's tensors, in the default pool dtype, under the manifest's own hash kind (the
+        one the engine hashes its read-back with)."""
+        manifest = self.snapshot.manifest
+        record = manifest.served or served_record(self.snapshot.tensors, DEFAULT_SERVED_DTYPE, manifest.hash_kind,
+                                                  known={t.name: t.sha256 for t in manifest.tensors})
+        return ServedIdentity(record.dtype, record.digest, expected_served_config(manifest.serving_config))
 
 
 class EngineLink:

@@ -15,7 +15,7 @@ import httpx
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
 from versioned_lora.adapters.sglang_client import ManagedRefusal, SGLangClient, UnknownOutcome
 from versioned_lora.adapters.transfer import BucketTransferFailed
-from versioned_lora.runtime.interfaces import EngineRefused, EngineUnreachable, ReadyReceipt
+from versioned_lora.runtime.interfaces import EngineRefused, EngineUnreachable, ReadyReceipt, ServedIdentity
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.states import AdapterState
 from versioned_lora.spec.wire import KEY_MISMATCH, PROTOCOL_MISMATCH, PROTOCOL_VERSION
@@ -126,6 +126,7 @@ class EngineStaging:
         link = await self._attempt_link()
         answer = await self._call(link.end(candidate, attempt_token, self.probe_input_ids))
         result, probe = answer["result"], answer["adapter"]["probe"]
+        served, served_error = _served(answer["adapter"].get("served"))
         return ReadyReceipt(
             result["lora_name"],
             result["digest"],
@@ -134,6 +135,8 @@ class EngineStaging:
             int(probe["token_id"]),
             float(probe["logprob"]),
             tuple(float(x) for x in probe["scores"]),
+            served,
+            served_error,
         )
 
     async def cleanup(self, lora_name: str, attempt_token: str, capability: str | None = None) -> None:
@@ -178,6 +181,19 @@ class EngineStaging:
         except (UnknownOutcome, httpx.HTTPError, OSError, BucketTransferFailed) as exc:
             # A failed collective: whether the engine stashed the bucket is not known here.
             raise EngineUnreachable(f"{self.name}: {exc}") from exc
+
+
+def _served(raw: Any) -> tuple[ServedIdentity | None, str]:
+    """The engine's read-back of its LoRA pool, as the receipt carries it: the identity, or None and why (the engine
+    said it could not read back, or answered without one: an engine that predates the read-back)."""
+    if not isinstance(raw, dict):
+        return None, "the engine's `end` answer carries no served digest"
+    if "error" in raw:
+        return None, str(raw["error"])
+    try:
+        return ServedIdentity(str(raw["dtype"]), str(raw["digest"]), str(raw["config"])), ""
+    except KeyError as exc:
+        return None, f"the engine's served answer lacks {exc}"
 
 
 def staging_ports(

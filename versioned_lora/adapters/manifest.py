@@ -16,6 +16,12 @@ Two versions of the format, both accepted everywhere:
   manifest, so the chunk size is frozen into the digest. Only ``C = V2_CHUNK_BYTES`` is known. New
   publications are v2 (`PUBLISHED_HASH_KIND`, the default of every snapshot).
 
+A v2 manifest may also record its *served digest* (``"served": {"dtype", "digest"}``, `served.ServedRecord`): the
+tensors as an engine's LoRA memory pool holds them, in the pool's dtype (adapters/served.py). It is part of the
+canonical manifest, so the digest covers it; a v2 manifest without it keeps its bytes and digest. Every new snapshot
+records it (`snapshot.py`); the publisher requires the served digest an engine reads back from its own pool to
+equal it.
+
 A manifest of another format, or a v2 manifest of another hash kind, is refused with
 `UnsupportedManifest` (an engine answers it with a typed refusal, ``UNSUPPORTED_MANIFEST``).
 
@@ -39,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from versioned_lora.adapters.hashing import HASH_SHA256, chunked_kind, hash_tensors, submit_tensors, tensor_hash
+from versioned_lora.adapters.served import ServedError, ServedRecord, served_record
 
 if TYPE_CHECKING:
     import torch
@@ -82,6 +89,7 @@ _SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 _TENSOR_KEYS = frozenset({"name", "dtype", "shape", "nbytes", "sha256"})
 _MANIFEST_KEYS = frozenset({"format", "serving_config", "tensors"})
 _MANIFEST_KEYS_V2 = _MANIFEST_KEYS | {"hash"}
+_MANIFEST_KEYS_V2_SERVED = _MANIFEST_KEYS_V2 | {"served"}
 
 
 class ManifestError(Exception):
@@ -290,12 +298,18 @@ class Manifest:
     serving_config_json: str
     # How each entry's `sha256` was computed: "sha256" (format v1) or V2_HASH (format v2).
     hash_kind: str = HASH_SHA256
+    # The served digest (v2 only): the tensors as an engine's LoRA pool holds them (adapters/served.py).
+    served: ServedRecord | None = None
 
     def __attrs_post_init__(self) -> None:
         if self.hash_kind not in KNOWN_HASH_KINDS.values():
             raise UnsupportedManifest(
                 f"hash kind {self.hash_kind!r} is not known here (known: {sorted(KNOWN_HASH_KINDS.values())})"
             )
+        if self.served is not None and (self.hash_kind == HASH_SHA256 or not isinstance(self.served, ServedRecord)):
+            # v1's canonical bytes never change, so it has no place for one.
+            raise _malformed(f"a served record needs a v2 manifest and a ServedRecord, got {self.served!r} "
+                             f"under hash kind {self.hash_kind!r}")
         names = [t.name for t in self.tensors]
         for before, after in itertools.pairwise(names):
             if before == after:
@@ -312,14 +326,16 @@ class Manifest:
 
     @classmethod
     def create(
-        cls, tensors: Iterable[TensorEntry], serving_config: Mapping[str, Any], hash_kind: str = HASH_SHA256
-    ) -> Manifest:
+        cls, tensors: Iterable[TensorEntry], serving_config: Mapping[str, Any], hash_kind: str = HASH_SHA256,
+        served: ServedRecord | None = None,
+    ) -> Manifest:  # fmt: skip
         """Sorts the entries and canonicalises the config; use this rather than the raw constructor."""
         config = canonical_serving_config(serving_config)
         return cls(
             tensors=sorted(tensors, key=lambda t: t.name),
             serving_config_json=canonical_json_bytes(config).decode("utf-8"),
             hash_kind=hash_kind,
+            served=served,
         )
 
     @property
@@ -362,6 +378,8 @@ class Manifest:
         }
         if self.hash_kind != HASH_SHA256:  # v1 has no "hash" key: its canonical bytes never change
             out["hash"] = self.hash_kind
+        if self.served is not None:  # absent, a v2 manifest keeps the bytes it had before served records existed
+            out["served"] = self.served.to_dict()
         return out
 
     def to_json_bytes(self) -> bytes:
@@ -393,6 +411,8 @@ class Manifest:
             raise _malformed(f"manifest format {fmt!r} is not one of {known}")
         expected_keys = _MANIFEST_KEYS if fmt == MANIFEST_FORMAT else _MANIFEST_KEYS_V2
         keys = set(raw)
+        if fmt == MANIFEST_FORMAT_V2 and keys == _MANIFEST_KEYS_V2_SERVED:
+            expected_keys = _MANIFEST_KEYS_V2_SERVED
         if keys != expected_keys:
             raise _malformed(
                 f"manifest: missing fields {sorted(expected_keys - keys)}, "
@@ -406,10 +426,15 @@ class Manifest:
         if not isinstance(raw["tensors"], list):
             raise _malformed(f"manifest tensors must be a list, got {type(raw['tensors']).__name__}")
         _check_serving_config(raw["serving_config"])
+        try:
+            served = ServedRecord.from_dict(raw["served"]) if "served" in raw else None
+        except ServedError as exc:
+            raise _malformed(f"manifest served: {exc}") from exc
         return cls(
             tensors=[TensorEntry.from_dict(t) for t in raw["tensors"]],
             serving_config_json=canonical_json_bytes(raw["serving_config"]).decode("utf-8"),
             hash_kind=hash_kind,
+            served=served,
         )
 
 
@@ -487,10 +512,11 @@ def tensor_entry(name: str, tensor: torch.Tensor, hash_kind: str = HASH_SHA256) 
 
 def manifest_from_tensors(
     tensors: Mapping[str, torch.Tensor], serving_config: Mapping[str, Any], *, hash_kind: str = HASH_SHA256,
-    threads: int | None = None,
+    threads: int | None = None, served_dtype: str | None = None,
 ) -> Manifest:  # fmt: skip
     """The manifest of `tensors`, their hashes computed on a pool of `threads` (hashing.default_threads()
-    by default); a v2 manifest of CUDA tensors is hashed on their GPU."""
+    by default); a v2 manifest of CUDA tensors is hashed on their GPU. With `served_dtype` (a v2 kind), it also
+    records the served digest in that pool dtype (adapters/served.py)."""
     if sys.byteorder != "little":
         raise UnsupportedTensor("tensor hashing assumes a little-endian host")
     for name in tensors:
@@ -502,7 +528,12 @@ def manifest_from_tensors(
     described = {name: _describe(name, t) for name, t in tensors.items()}  # while the hashes are computed
     hashes = pending.result()
     entries = (TensorEntry(name=n, dtype=d, shape=s, nbytes=b, sha256=hashes[n]) for n, (d, s, b) in described.items())
-    return Manifest.create(entries, serving_config, hash_kind)
+    served = None
+    if served_dtype is not None:
+        if hash_kind == HASH_SHA256:
+            raise MalformedManifest("a served digest is recorded in v2 manifests only (hash kind 'sha256' is v1)")
+        served = served_record(tensors, served_dtype, hash_kind, known=hashes, threads=threads)
+    return Manifest.create(entries, serving_config, hash_kind, served)
 
 
 def verify_tensors(

@@ -5,7 +5,9 @@ that Relax's `export_local_adapter`/`gather_full_adapter` produce. Its tensors a
 no storage with the source, so training may keep stepping while the version is published; its manifest
 and digest (adapters/manifest.py) are computed once, from those copies. Every snapshot's manifest is format
 v2 (`manifest.PUBLISHED_HASH_KIND`) unless `hash_kind=` asks for another; `snapshot_for_digest` gives back the
-manifest a version was published with (v1 for a v1 version) when it is staged again.
+manifest a version was published with (v1 for a v1 version) when it is staged again. A v2 manifest also records
+the served digest in the pool dtype `served_dtype` (bfloat16 unless asked otherwise; adapters/served.py), which the
+publisher holds every engine's read-back of its LoRA pool to.
 
 Tensor names are PEFT's saved names (`get_peft_model_state_dict`, the keys of adapter_model.safetensors,
 e.g. `base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight`): SGLang's LoRA loader expects them.
@@ -24,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from versioned_lora.adapters.hashing import chunk_size
+from versioned_lora.adapters.hashing import HASH_SHA256, chunk_size
 from versioned_lora.adapters.manifest import (
     KNOWN_HASH_KINDS,
     PUBLISHED_HASH_KIND,
@@ -33,6 +35,7 @@ from versioned_lora.adapters.manifest import (
     manifest_from_tensors,
     verify_tensors,
 )
+from versioned_lora.adapters.served import DEFAULT_SERVED_DTYPE
 
 if TYPE_CHECKING:
     import torch
@@ -193,6 +196,7 @@ def _freeze(
     live: Iterable[torch.Tensor],
     dtype: torch.dtype | None,
     hash_kind: str = PUBLISHED_HASH_KIND,
+    served_dtype: str = DEFAULT_SERVED_DTYPE,
 ) -> Snapshot:
     """Copy to CPU, prove the copies share no storage with `live` or each other, hash them.
 
@@ -210,7 +214,9 @@ def _freeze(
         and all(isinstance(t, torch.Tensor) and t.is_cuda for t in tensors.values())
         and len({t.device for t in tensors.values()}) == 1
     )  # fmt: skip
-    gpu_manifest = manifest_from_tensors(tensors, serving_config, hash_kind=hash_kind) if on_gpu else None
+    served = None if hash_kind == HASH_SHA256 else served_dtype  # a v1 manifest has no served record
+    gpu_manifest = (manifest_from_tensors(tensors, serving_config, hash_kind=hash_kind, served_dtype=served)
+                    if on_gpu else None)
     copies: dict[str, torch.Tensor] = {}
     for name, tensor in tensors.items():
         if not isinstance(tensor, torch.Tensor):
@@ -222,14 +228,14 @@ def _freeze(
     copy_ptrs = [c.untyped_storage().data_ptr() for c in copies.values() if c.untyped_storage().nbytes() > 0]
     if live_ptrs & set(copy_ptrs) or len(set(copy_ptrs)) != len(copy_ptrs):
         raise SnapshotError("snapshot tensors share storage with the live parameters or each other")
-    manifest = gpu_manifest or manifest_from_tensors(copies, serving_config, hash_kind=hash_kind)
+    manifest = gpu_manifest or manifest_from_tensors(copies, serving_config, hash_kind=hash_kind, served_dtype=served)
     ordered = {name: copies[name] for name in manifest.names}
     return Snapshot(tensors=MappingProxyType(ordered), manifest=manifest)
 
 
 def snapshot_from_peft_model(
     model: Any, adapter_name: str = "default", base_model: str | None = None, dtype: torch.dtype | None = None,
-    hash_kind: str = PUBLISHED_HASH_KIND,
+    hash_kind: str = PUBLISHED_HASH_KIND, served_dtype: str = DEFAULT_SERVED_DTYPE,
 ) -> Snapshot:  # fmt: skip
     """Snapshot adapter `adapter_name` of a live `PeftModel`, as `save_pretrained` would name and save it.
     `hash_kind`: the manifest's (manifest v2's by default, or "sha256" for manifest v1)."""
@@ -240,11 +246,12 @@ def snapshot_from_peft_model(
     state = get_peft_model_state_dict(model, adapter_name=adapter_name)
     live = [*model.parameters(), *model.buffers()]
     config = serving_config_from_peft(model.peft_config[adapter_name], base_model)
-    return _freeze(state, config, live, dtype, hash_kind)
+    return _freeze(state, config, live, dtype, hash_kind, served_dtype)
 
 
 def snapshot_from_adapter_dir(
-    path: str | os.PathLike[str], base_model: str | None = None, hash_kind: str = PUBLISHED_HASH_KIND
+    path: str | os.PathLike[str], base_model: str | None = None, hash_kind: str = PUBLISHED_HASH_KIND,
+    served_dtype: str = DEFAULT_SERVED_DTYPE,
 ) -> Snapshot:
     """Snapshot a PEFT adapter directory (adapter_config.json + adapter_model.safetensors)."""
     from safetensors.torch import load_file
@@ -255,7 +262,7 @@ def snapshot_from_adapter_dir(
         raise SnapshotError(f"{root} needs {ADAPTER_CONFIG_FILE} and {ADAPTER_WEIGHTS_FILE}")
     config = serving_config_from_peft(json.loads(config_path.read_text()), base_model)
     loaded = load_file(str(weights_path), device="cpu")
-    return _freeze(loaded, config, (), None, hash_kind)
+    return _freeze(loaded, config, (), None, hash_kind, served_dtype)
 
 
 def snapshot_from_tensors(
@@ -264,9 +271,10 @@ def snapshot_from_tensors(
     base_model: str | None = None,
     dtype: torch.dtype | None = None,
     hash_kind: str = PUBLISHED_HASH_KIND,
+    served_dtype: str = DEFAULT_SERVED_DTYPE,
 ) -> Snapshot:
     """Snapshot exported tensors (PEFT saved naming) plus their PEFT config (a LoraConfig or its dict)."""
-    return _freeze(tensors, serving_config_from_peft(config, base_model), (), dtype, hash_kind)
+    return _freeze(tensors, serving_config_from_peft(config, base_model), (), dtype, hash_kind, served_dtype)
 
 
 def snapshot_for_digest(snapshot: Snapshot, digest: str) -> Snapshot:
@@ -276,16 +284,25 @@ def snapshot_for_digest(snapshot: Snapshot, digest: str) -> Snapshot:
     For staging a version again (a rehydrate after an engine restart, a publisher rebuilt from its source):
     the registry holds the digest it was published with, and a snapshot rebuilt today is v2 by default, so
     a version published as v1 must be re-staged under its v1 manifest, byte for byte, or it would be another
-    version. Raises SnapshotError when no known kind gives `digest` (other tensors or another config)."""
+    version. A v2 version published before manifests recorded a served digest is found the same way (its
+    manifest without the record). Raises SnapshotError when no known kind gives `digest` (other tensors or another
+    config)."""
     if snapshot.digest == digest:
         return snapshot
-    tried = [snapshot.manifest.hash_kind]
+    mine = snapshot.manifest
+    tried = [mine.hash_kind]
+    if mine.served is not None:
+        bare = attrs.evolve(mine, served=None)
+        if bare.digest == digest:
+            return Snapshot(tensors=snapshot.tensors, manifest=bare)
     for kind in KNOWN_HASH_KINDS.values():
         if kind in tried:
             continue
         tried.append(kind)
-        manifest = manifest_from_tensors(snapshot.tensors, snapshot.serving_config, hash_kind=kind)
-        if manifest.digest == digest:
-            return Snapshot(tensors=snapshot.tensors, manifest=manifest)
+        manifest = manifest_from_tensors(snapshot.tensors, snapshot.serving_config, hash_kind=kind,
+                                         served_dtype=None if kind == HASH_SHA256 else DEFAULT_SERVED_DTYPE)
+        for found in (manifest, attrs.evolve(manifest, served=None)):
+            if found.digest == digest:
+                return Snapshot(tensors=snapshot.tensors, manifest=found)
     raise SnapshotError(f"no manifest of these tensors and serving config has digest {digest} "
                         f"(hash kinds tried: {tried})")

@@ -188,11 +188,22 @@ class StageEngine:
 
 @attrs.frozen
 class CheckProbe:
-    """Compare an engine's `end` receipt (its probe, its digest) with the reference: answered True or False."""
+    """Check an engine's `end` receipt: what it serves (the served digest and config it read back from its own LoRA
+    pool) against the snapshot's, then its probe against the reference. Answered True (both hold), False (the probe
+    differs), or a `CheckRefused` naming the check that failed (SERVED_DIGEST_MISMATCH, SERVED_CONFIG_MISMATCH)."""
 
     call: Call  # op: "probe"
     engine: str
     receipt: Any
+
+
+@attrs.frozen
+class CheckRefused:
+    """A `CheckProbe` answer that refuses the receipt for a typed reason: `code` is the refusal's code (the one the
+    publication's outcome carries), `detail` names both sides."""
+
+    code: str
+    detail: str = ""
 
 
 @attrs.frozen
@@ -924,7 +935,8 @@ def _note_refusal(e: StageEngineState, s: Any, i: DriverInput) -> Built:
     if isinstance(i, Deadline):
         failure = StageFailure(Input.DEADLINE, _stage_op(e), None)
     elif isinstance(i, Answer) and i.call.op == "probe":
-        failure = StageFailure(Input.ANSWER, "probe")  # the probe differs
+        # The probe differs (no code: the publisher's PROBE_MISMATCH), or the check named its own refusal.
+        failure = StageFailure(Input.ANSWER, "probe", i.value.code if isinstance(i.value, CheckRefused) else None)
     else:
         failure = StageFailure(input_kind(i), _call_op(i), _reason(i))
     return attrs.evolve(e, failure=failure), ()

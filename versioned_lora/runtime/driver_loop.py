@@ -10,8 +10,8 @@ itself. Commands run as tasks of their own, one I/O each:
   pause first, so a restarting registry or a dead engine is not hammered. That pause is transport
   policy, not a protocol decision.
 * `StageEngine`: the engine port's `begin`, `transfer_bucket` or `end` of the loop's candidate under the driver's
-  attempt; `CheckProbe`: the caller's probe check of an `end` receipt, answered True or False; `DropLink`: the
-  port's `drop_link`, at once.
+  attempt; `CheckProbe`: the caller's check of an `end` receipt (what the engine serves, then its probe), answered
+  True, False, or the check's typed `CheckRefused`; `DropLink`: the port's `drop_link`, at once.
 * `ReadRevision`, `ReadLiveFence`, `ReadAttempt`: the registry's publication view, answered with its default
   revision, its lease fence, or the version's last attempt token ("" if unknown) (`RegistryUnavailable` is `Lost`).
 * Before every engine call (`StageEngine`, `CleanupEngine`, `ReclaimEngine`) the port is told the registry's key ids
@@ -50,6 +50,7 @@ from versioned_lora.lifecycle.drivers import (
     Call_,
     Cancel,
     CheckProbe,
+    CheckRefused,
     CleanupEngine,
     Command,
     Deadline,
@@ -98,7 +99,7 @@ class DriverLoop:
         drivers: Drivers = DRIVERS,
         *,
         candidate: Any = None,
-        probe_check: Callable[[Any], bool] | None = None,
+        probe_check: Callable[[Any], bool | CheckRefused] | None = None,
         on_step: Callable[[Any, Any], None] | None = None,
         perform: Callable[[Any], Awaitable[DriverInput]] | None = None,
         start: bool = True,
@@ -106,7 +107,8 @@ class DriverLoop:
     ) -> None:
         self.state = state
         self.candidate = candidate  # what `StageEngine` ships (a staging driver's loop)
-        self.probe_check = probe_check  # `CheckProbe`: an `end` receipt -> matches the reference
+        # `CheckProbe`: an `end` receipt -> serves the snapshot and matches the reference (True), or why not
+        self.probe_check = probe_check
         self._on_step = on_step or (lambda before, after: None)  # the caller's clock: (state before, after)
         self._perform = perform  # the calls this loop does not know (a session's): command -> its outcome
         self._on_fired = on_fired or (lambda row: None)
@@ -279,7 +281,11 @@ class DriverLoop:
                 return await self._perform(command)
             if isinstance(command, CheckProbe):
                 assert self.probe_check is not None, "a staging loop needs the caller's probe check"
-                return Answer(call, bool(self.probe_check(command.receipt)))
+                verdict = self.probe_check(command.receipt)
+                if isinstance(verdict, CheckRefused):  # a typed refusal: its code is the table's input to read
+                    self.failures[call] = verdict.detail
+                    return Answer(call, verdict)
+                return Answer(call, bool(verdict))
             engine = self.engines[command.engine]
             if self._key_ids is None:
                 self._key_ids = await self.registry.key_ids()

@@ -173,6 +173,17 @@ class GenerationBackend(Protocol):
 CandidateT_contra = TypeVar("CandidateT_contra", contravariant=True)
 
 
+@attrs.frozen
+class ServedIdentity:
+    """A version as an engine serves it (adapters/served.py): the served digest, the hash of its tensors in the LoRA
+    pool's `dtype` with the pool's stacking and padding undone, and `config`, the rank, alpha, scaling and target
+    modules the engine applies them with (canonical JSON, so two compare as strings)."""
+
+    dtype: str
+    digest: str
+    config: str
+
+
 class CandidatePort(Protocol):
     """One version as shipped: the adapters' `Candidate` (name, frozen snapshot, bucket plan)."""
 
@@ -185,12 +196,18 @@ class CandidatePort(Protocol):
     @property
     def bucket_count(self) -> int: ...
 
+    def served_identity(self) -> ServedIdentity:
+        """The snapshot as an engine must serve it: every engine's read-back of its own pool must equal this."""
+        ...
+
 
 @attrs.frozen
 class ReadyReceipt:
     """What an engine's `end` answered: READY_LOCAL plus the probe: the greedy next token with its logprob, and
     `probe_scores`, the candidate's logprob of each probe token after the ones before it (teacher-forced), which
-    the probe checks compare (`adapters/probe_check.py`)."""
+    the probe checks compare (`adapters/probe_check.py`); and `served`, what the engine read back from its LoRA
+    memory pool after the load (None when it could not: `served_error` says why), which the publisher requires to
+    equal the candidate's `served_identity` (`runtime/served_check.py`)."""
 
     lora_name: str
     digest: str
@@ -199,6 +216,8 @@ class ReadyReceipt:
     probe_token: int
     probe_logprob: float
     probe_scores: tuple[float, ...] = ()
+    served: ServedIdentity | None = None
+    served_error: str = ""
 
 
 class EngineUnreachable(Exception):

@@ -71,6 +71,7 @@ from versioned_lora.runtime.interfaces import (
     SnapshotStorePort,
     StagingEnginePort,
 )
+from versioned_lora.runtime.served_check import served_refusal
 from versioned_lora.spec.drivers import DriverOutcome, Input
 from versioned_lora.spec.identities import lora_name
 from versioned_lora.spec.reasons import Reason
@@ -120,6 +121,8 @@ class PublisherRefusal(StrEnum):
     NAME_MISMATCH = "NAME_MISMATCH"
     # The probe check refused an engine's loaded candidate (adapters/probe_check.py): the attempt is aborted.
     PROBE_MISMATCH = "PROBE_MISMATCH"
+    # An engine's read-back of its own LoRA pool differs from the snapshot (runtime/served_check.py): the digest
+    # (SERVED_DIGEST_MISMATCH) or the config it loaded (SERVED_CONFIG_MISMATCH); those codes are `ServedRefusal`'s.
 
 
 def failure_reason(why: BaseException) -> str:
@@ -456,8 +459,10 @@ class Publisher:
             if drivers.stage_phase_moved(before, after):
                 marks["at"] = now
 
-        def probe(receipt: ReadyReceipt) -> bool:
-            return self.probe_check(candidate, receipt)
+        def probe(receipt: ReadyReceipt) -> bool | drivers.CheckRefused:
+            # What the engine serves first (its read-back of its own LoRA pool), then the probe: a candidate the
+            # engine does not serve exactly is refused for that, whatever its probe says.
+            return served_refusal(candidate.served_identity(), receipt) or self.probe_check(candidate, receipt)
 
         loop = DriverLoop(start, self.registry, self.engines, self.seconds, candidate=candidate, probe_check=probe,
                           on_step=on_step)
@@ -492,6 +497,9 @@ class Publisher:
             return PhaseDeadlineMissed(drivers.stage_phase(state, failure.op), seconds, bound)
         if failure.kind is Input.LOST:
             return EngineUnreachable(f"{name}: {failure.op}: {said or 'no answer'}")
+        if failure.op == "probe" and failure.reason is not None:
+            # The served check's typed refusal (runtime/served_check.py): its message names both sides.
+            return EngineRefused(failure.reason, f"{name}: {said}")
         if failure.op == "probe":
             # Where the scores differ and the rule they broke, where the check can say it (adapters/probe_check.py).
             explain = getattr(self.probe_check, "explain", None)

@@ -42,6 +42,7 @@ _TM = "sglang.srt.managers.tokenizer_manager:TokenizerManager"
 _REGISTRY = "sglang.srt.lora.lora_registry:LoRARegistry"
 _HTTP = "sglang.srt.entrypoints.http_server"
 _IO = "sglang.srt.managers.io_struct"
+_POOL = "sglang.srt.lora.mem_pool:LoRAMemoryPool"
 
 SGLANG_SURFACE: tuple[SGLangUse, ...] = (
     # ---- replaced
@@ -76,6 +77,8 @@ SGLANG_SURFACE: tuple[SGLangUse, ...] = (
     SGLangUse("sglang.srt.lora.lora:torch", "replaced", "cpu_compat.py"),
     SGLangUse("sglang.srt.layers.rotary_embedding.base:_is_cpu", "replaced", "cpu_compat.py"),
     SGLangUse("sglang.srt.layers.rotary_embedding.base:_is_cpu_amx_available", "replaced", "cpu_compat.py"),
+    # test-only (the "test_faults" set): flip a byte of an armed adapter's slot after SGLang's copy into the pool
+    SGLangUse(f"{_POOL}.load_lora_weight_to_buffer", "replaced", "managed/served_faults.py"),
     # ---- called
     SGLangUse("sglang.srt.model_executor.model_runner:ModelRunner.load_lora_adapter_from_tensors", "called",
               "managed/scheduler_side.py"),
@@ -97,6 +100,7 @@ SGLANG_SURFACE: tuple[SGLangUse, ...] = (
     SGLangUse(f"{_IO}:UnloadLoRAAdapterReqInput", "called", "managed/engine_side.py"),
     SGLangUse(f"{_IO}:LoRAUpdateOutput", "called", "managed/guards.py"),
     SGLangUse(f"{_IO}:GenerateReqInput", "called", "managed/engine_side.py"),
+    SGLangUse(f"{_POOL}.get_buffer_id", "called", "managed/served_readback.py"),
     # ---- fields and instance attributes
     SGLangUse(f"{_IO}:LoadLoRAAdapterFromTensorsReqInput.load_format", "field", "managed/staging.py"),
     SGLangUse(f"{_IO}:LoadLoRAAdapterFromTensorsReqInput.serialized_named_tensors", "field", "managed/staging.py"),
@@ -114,6 +118,20 @@ SGLANG_SURFACE: tuple[SGLangUse, ...] = (
     SGLangUse(f"{_REGISTRY}._registry", "field", "managed/engine_side.py"),
     SGLangUse(f"{_REGISTRY}._counters", "field", "managed/engine_side.py"),
     SGLangUse("sglang.srt.managers.tp_worker:TpModelWorker.model_runner", "field", "managed/scheduler_side.py"),
+    # the read-back of a loaded adapter from the LoRA memory pool (served digest, issue 46 item 1)
+    SGLangUse("sglang.srt.managers.scheduler:Scheduler.tp_worker", "field", "managed/scheduler_side.py"),
+    SGLangUse("sglang.srt.model_executor.model_runner:ModelRunner.lora_manager", "field", "managed/scheduler_side.py"),
+    SGLangUse("sglang.srt.lora.lora_manager:LoRAManager.memory_pool", "field", "managed/served_readback.py"),
+    SGLangUse("sglang.srt.lora.lora_manager:LoRAManager.loras", "field", "managed/served_readback.py"),
+    SGLangUse(f"{_POOL}.A_buffer", "field", "managed/served_readback.py"),
+    SGLangUse(f"{_POOL}.B_buffer", "field", "managed/served_readback.py"),
+    SGLangUse(f"{_POOL}.uid_to_buffer_id", "field", "managed/served_readback.py"),
+    SGLangUse(f"{_POOL}.dtype", "field", "managed/served_readback.py"),
+    SGLangUse("sglang.srt.lora.lora:LoRAAdapter.config", "field", "managed/served_readback.py"),
+    SGLangUse("sglang.srt.lora.lora:LoRAAdapter.scaling", "field", "managed/served_readback.py"),
+    SGLangUse("sglang.srt.lora.lora_config:LoRAConfig.r", "field", "managed/served_readback.py"),
+    SGLangUse("sglang.srt.lora.lora_config:LoRAConfig.lora_alpha", "field", "managed/served_readback.py"),
+    SGLangUse("sglang.srt.lora.lora_config:LoRAConfig.target_modules", "field", "managed/served_readback.py"),
     SGLangUse("sglang.srt.lora.lora_registry:LoRARef.lora_id", "field", "introspection.py"),
     SGLangUse("sglang.srt.lora.lora_registry:LoRARef.pinned", "field", "introspection.py"),
     SGLangUse("sglang.srt.lora.lora_registry:LoRARef.lora_path", "field", "introspection.py"),

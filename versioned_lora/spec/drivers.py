@@ -358,7 +358,8 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
             "never used again (the next call on this engine joins a new one)."),
     row("end.answered", SN, "ENDING", I.ANSWER, "CHECKING", guards=("answers_end",),
         commands=("disarm_stage", "check_probe"),
-        doc="READY_LOCAL: the caller's probe check of the engine's probe scores before READY is recorded."),
+        doc="READY_LOCAL: checked before READY is recorded: what the engine serves (the served digest and config it "
+            "read back from its own LoRA pool, against the snapshot's), then its probe scores (the caller's check)."),
     row("end.refused", SN, "ENDING", I.REFUSAL, "FAILED", guards=("answers_end",),
         commands=("disarm_stage", "note_refusal"), doc="E.g. MANIFEST_MISMATCH: the engine cleaned the stash."),
     row("end.lost", SN, "ENDING", I.LOST, "FAILED", guards=("answers_end",),
@@ -369,8 +370,9 @@ DRIVER_ROWS: tuple[DriverRow, ...] = (
         doc="Record READY (one key per attempt, engine and the incarnation that answered)."),
     row("probe.mismatch", SN, "CHECKING", I.ANSWER, "FAILED", guards=("answers_probe",),
         commands=("note_refusal",),
-        doc="The loaded candidate's probe scores disagree (engine with engine, or with a reference forward): never "
-            "recorded READY."),
+        doc="Never recorded READY: the engine does not serve the snapshot (the check's typed refusal, recorded as the "
+            "engine's failure: SERVED_DIGEST_MISMATCH, SERVED_CONFIG_MISMATCH), or the loaded candidate's probe "
+            "scores disagree (engine with engine, or with a reference forward: PROBE_MISMATCH)."),
     row("probe.lost", SN, "CHECKING", I.LOST, "FAILED", guards=("answers_probe",), commands=("note_refusal",),
         doc="The check itself failed (e.g. a reference forward raised): not known to match, so never READY."),
     row("ready.recorded", SN, "RECORDING", I.ANSWER, "READY", guards=("answers_ready",), commands=("disarm_stage",)),

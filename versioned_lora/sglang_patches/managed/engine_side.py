@@ -25,6 +25,7 @@ from typing import Any
 
 import attrs
 
+from versioned_lora.adapters.manifest import Manifest
 from versioned_lora.lifecycle import engine_step, initial_engine_state
 from versioned_lora.lifecycle.effects import (
     AllocateStash,
@@ -37,7 +38,7 @@ from versioned_lora.lifecycle.effects import (
     Unregister,
 )
 from versioned_lora.lifecycle.results import Rejected
-from versioned_lora.sglang_patches.managed import audit, faults, hold_points
+from versioned_lora.sglang_patches.managed import audit, faults, hold_points, staging_channel
 from versioned_lora.sglang_patches.managed.staging import StagingSource, StockLoads
 from versioned_lora.spec.events import (
     AcquireRequest,
@@ -88,9 +89,12 @@ class LoadedInstance:
     lora_id: str
     loaded_at: float
     probe: dict[str, Any] | None = None
+    # What the scheduler read back from its LoRA memory pool after the probe (`scheduler_side.read_back_served`):
+    # dtype, served digest, config; or {"error": ...}. The publisher decides on it, never this engine.
+    served: dict[str, Any] | None = None
     # Where the `end` that loaded it spent its time (seconds): `verify_wait_s` waiting for the verdict,
-    # `verify_tail_s` the scheduler's last bucket landed -> verified, `load_s`, `probe_s`. Diagnostics for
-    # the status view and benchmarks/end_phase.py; nothing decides on them.
+    # `verify_tail_s` the scheduler's last bucket landed -> verified, `load_s`, `probe_s`, `served_s` (the read-back).
+    # Diagnostics for the status view and benchmarks/end_phase.py; nothing decides on them.
     end_parts: dict[str, float | None] = attrs.field(factory=dict)
 
 
@@ -177,6 +181,7 @@ class ManagedEngine:
 
     async def end(self, name: str, attempt_token: str, incarnation: int, probe_input_ids: list[int]) -> Any:
         source = self.sources.get((name, attempt_token))
+        manifest = source.manifest if source is not None else None  # the stash is freed by the load's row
         began = time.monotonic()
         verdict = await source.verify() if source is not None else None
         verified = time.monotonic()
@@ -191,14 +196,18 @@ class ManagedEngine:
         instance = self.loaded.get(name)
         if instance is not None and instance.probe is None:
             probe = await self._probe(name, probe_input_ids)
+            probed = time.monotonic()
             instance.end_parts = {
                 "verify_wait_s": round(verified - began, 6),
                 "verify_tail_s": verdict.tail_s if verdict is not None else None,
                 "load_s": round(loaded - verified, 6),
-                "probe_s": round(time.monotonic() - loaded, 6),
+                "probe_s": round(probed - loaded, 6),
             }
             if not all(math.isfinite(x) for x in (probe["logprob"], *probe["scores"])):
                 await self._refuse_candidate(name, attempt_token, probe)
+            # After the probe: its batch is what brought the weights into the pool (see served_readback).
+            instance.served = await self._read_back(instance.lora_id, manifest)
+            instance.end_parts["served_s"] = round(time.monotonic() - probed, 6)
             instance.probe = probe
         return result
 
@@ -399,6 +408,17 @@ class ManagedEngine:
         return {"token_id": int(first[1]), "logprob": _finite_or_nan(first[0]), "scores": scores,
                 "cached_tokens": meta.get("cached_tokens", 0)}
 
+    @staticmethod
+    async def _read_back(lora_id: str, manifest: Manifest | None) -> dict[str, Any]:
+        """The scheduler's read-back of `lora_id` from its LoRA memory pool, or why there is none: reported as it is
+        (the publisher's served check reads it), never decided on here."""
+        if manifest is None:
+            return {"error": "no manifest: the candidate's stash was gone before the load"}
+        try:
+            return await staging_channel.call("read_back_served", lora_id=lora_id, manifest_json=manifest.to_json())
+        except Exception as exc:  # a read-back that failed certifies nothing: said so, for the publisher to refuse
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
     # ---------------------------------------------------------------- status
     def status(self) -> dict[str, Any]:
         counters = dict(self.tm.lora_registry._counters)
@@ -425,6 +445,7 @@ class ManagedEngine:
                     "reclaim_receipt": self.reclaim_receipts.get(name),
                     "absent": adapter.absent,
                     "probe": instance.probe if instance else None,
+                    "served": instance.served if instance else None,
                     "end_parts": instance.end_parts if instance else None,
                     "error": self.errors.get(name),
                 }

@@ -17,6 +17,9 @@ Faults (`FAULTS`, a registry: the next call naming the armed version fails once,
   (`TokenizerManager._validate_one_request`, where our `generate_gate` check runs): SGLang answers it 500 and
   releases the reference on its own failure path (`_release_req_states_on_failure`).
 
+Faults of what the engine serves (`served_faults`: ``flip_pool_byte``, ``alter_alpha``): armed here too, carried out
+by the scheduler process, where SGLang's LoRA memory pool and the load from the stash are.
+
 A new fault is one entry in `FAULTS` and one ``if HOLDS.trip("<fault>", name): raise ...`` where the engine's code
 should fail. Armed through ``POST /versioned_lora/test_hold`` (``point``, ``lora_name``; ``release: true`` ends a
 hold or disarms), the token required like every managed endpoint; ``/versioned_lora/status`` shows
@@ -41,10 +44,12 @@ FAULTS: dict[str, str] = {
 # The injected failures of the engine's own load and unload (managed/faults.py), armed here too: they stay armed
 # until released (`HoldPoints.take`), so every retry of that operation fails as long as the test needs.
 ENGINE_FAULTS = ("fail_load", "fail_unload")
+# The injected faults of what the engine serves (managed/served_faults.py), armed here, carried out by the scheduler.
+SERVED_FAULTS = ("flip_pool_byte", "alter_alpha")
 
 
 def points() -> tuple[str, ...]:
-    return HOLDS_AT + tuple(FAULTS) + ENGINE_FAULTS
+    return HOLDS_AT + tuple(FAULTS) + ENGINE_FAULTS + SERVED_FAULTS
 
 
 class InjectedFailure(RuntimeError):
@@ -131,11 +136,18 @@ def test_hold(body: dict[str, Any]) -> Any:
 
 
 def apply(role: str) -> None:
-    """Enable the hooks and serve their route, in the server process (the hooks all run there)."""
+    """Enable the hooks and serve their route, in the server process (the hooks all run there but the served faults'
+    scheduler half, installed in the scheduler process)."""
+    from versioned_lora.sglang_patches.managed import served_faults
+
+    if role == "scheduler":
+        served_faults.install_scheduler()
     if role != "server":
         return
     from versioned_lora.sglang_patches import introspection
     from versioned_lora.sglang_patches.managed import endpoints
+
+    served_faults.install_server()
 
     HOLDS.enabled = True
     endpoints.add_managed_route("test_hold", test_hold)

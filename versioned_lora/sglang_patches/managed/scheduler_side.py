@@ -11,6 +11,9 @@ Nothing here blocks on a peer: joining a group runs in a thread, and a bucket re
 scheduler keeps scheduling and decoding; the server enforces the per-bucket deadline and, on a miss,
 asks us to drop the group (which releases the pending receive). Stashes hold received bucket
 buffers only; serving weights are never touched.
+
+After a load, `read_back_served` reads the loaded adapter back from SGLang's LoRA memory pool (`served_readback`):
+the served digest and config the engine's `end` answers with (issue 46, item 1). It only reads the pool.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -34,7 +38,7 @@ from versioned_lora.adapters.transfer import (
     received_tensors,
     start_receive_bucket,
 )
-from versioned_lora.sglang_patches.managed import staging_channel
+from versioned_lora.sglang_patches.managed import served_readback, staging_channel
 from versioned_lora.sglang_patches.mechanism import replace_attribute
 from versioned_lora.spec.wire import VERIFY_MODE_ENV, VERIFY_MODES, EngineRefusal
 
@@ -91,6 +95,8 @@ class StashStore:
         self.stashes: dict[str, Stash] = {}
         self.collectives = 0  # receives started: a duplicate receive must not add one
         self.abandoned: list[tuple[Group, list[PendingBucket]]] = []
+        # The scheduler's LoRAManager (ModelRunner.lora_manager), once the scheduler is built (`install`).
+        self.lora_manager: Callable[[], Any] | None = None
 
     # ---- groups
     def init_group(self, name: str, master_address: str, master_port: int, timeout_s: float) -> dict[str, Any]:
@@ -239,6 +245,17 @@ class StashStore:
     def free(self, attempt: str) -> dict[str, Any]:
         return {"freed": self.stashes.pop(attempt, None) is not None}
 
+    def read_back_served(self, lora_id: str, manifest_json: str) -> dict[str, Any]:
+        """The served identity of loaded adapter `lora_id`, read from the LoRA memory pool's slot (see
+        `served_readback`), or ``{"error": ...}`` saying why it could not be read. Runs on the channel's thread: it
+        reads the slot of a pinned adapter, which nothing writes while it is loaded (a pinned uid is never evicted)."""
+        try:
+            if self.lora_manager is None:
+                raise served_readback.ReadBackError("the scheduler has no LoRA manager yet")
+            return served_readback.read_back(self.lora_manager(), lora_id, Manifest.from_json(manifest_json))
+        except (served_readback.ReadBackError, ManifestError, KeyError) as exc:
+            return {"error": f"{type(exc).__name__}: {exc}"}
+
     def status(self) -> dict[str, Any]:
         return {
             "collectives": self.collectives,
@@ -276,6 +293,9 @@ def install() -> None:
         # Scheduler.init_request_dispatcher runs once, in Scheduler.__init__, after the model and the
         # LoRA manager exist: a point every scheduler process passes exactly once.
         stock_init(self)
+        scheduler = self
+        # Scheduler.tp_worker.model_runner.lora_manager: the LoRAManager whose memory pool the kernels read.
+        store().lora_manager = lambda: scheduler.tp_worker.model_runner.lora_manager
         _serve_channel()
 
     replace_attribute(PATCH_SET, Scheduler, "init_request_dispatcher", init_request_dispatcher,

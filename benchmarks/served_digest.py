@@ -1,0 +1,149 @@
+"""Issue 46, item 1: what the engine's read-back of a loaded adapter from its LoRA memory pool costs, at the
+qwen3-0.6b-shape fixture's adapter A (r=64 on all seven linear modules of 28 layers: 392 bf16 tensors, ~80 MB), on
+this host's CPU.
+
+The read-back is the scheduler's own function (`sglang_patches/managed/served_readback.read_back`: unstack and
+unpad every tensor from the pool's slot, hash each with the manifest's hash kind on the hashing pool, fold the served
+digest), run here in-process over pool-shaped buffers: SGLang 0.5.23's `LoRAMemoryPool` layout for this model
+(`A_buffer[module][layer]` = ``[max_loras, c * max_rank, in]``, `B_buffer` = ``[max_loras, out_total, max_rank]``,
+q/k/v and gate/up stacked, the adapter in slot 1 of 3), filled the way `load_lora_weight_to_buffer` fills it. Every
+rep checks the digest read back equals the snapshot's served record (the figure is of a read-back that proves the
+version). A running 0.6B engine is not needed for this cost (the read-back does not touch the model), and one
+takes ~5.4 GB here; tests/e2e/test_served_digest.py holds the same function to real engines.
+
+Two arms, `a` and `b`, are the same read-back, interleaved rep by rep (order rotated): `read_s` is arm a's wall
+time; `null_ratio` is a/b per rep, the method timed against itself (near 1 with an interval as narrow as the
+host allows: the noise floor any comparison of read-back times must clear). `snapshot_served_s` is the publisher's
+side for a float32 snapshot of the same tensors (convert to bf16 with round-to-nearest-even and hash: what
+`snapshot_from_*` spends on the record; a bf16 snapshot reuses its manifest's hashes and costs nothing more).
+Medians over reps with 95% bootstrap intervals. Not a test: nothing is asserted but the digest. Last line:
+    read_s=… read_ci=…,… null_ratio=… null_ci=…,… snapshot_served_s=… tensors=… mbytes=… threads=… commit=…
+
+    python benchmarks/served_digest.py [--reps 15] [--out benchmarks/results/FILE.txt]
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
+
+import torch
+
+from benchmarks.online_publication import bootstrap_median, fmt_interval
+from versioned_lora.adapters.hashing import default_threads
+from versioned_lora.adapters.manifest import Manifest
+from versioned_lora.adapters.served import served_record
+from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
+from versioned_lora.fixtures import QWEN3_0_6B_SHAPE, build_fixtures, lora_module_shapes
+from versioned_lora.sglang_patches.managed.served_readback import STACKS, read_back
+
+MEASURED_CODE = ("versioned_lora/adapters", "versioned_lora/sglang_patches/managed", "benchmarks")
+MAX_LORAS, SLOT, LORA_ID = 3, 1, "bench-lora-id"
+
+
+def commit() -> str:
+    """HEAD's short hash, with "+dirty" when the code this benchmark runs differs from it."""
+    root = Path(__file__).resolve().parents[1]
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True)
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED_CODE],
+                           cwd=root, capture_output=True, text=True)  # fmt: skip
+    return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+
+
+def pool_shaped(config: dict[str, Any], tensors: dict[str, torch.Tensor], rank: int) -> SimpleNamespace:
+    """SGLang 0.5.23's pool for this model at max rank `rank`, with `tensors` copied into slot SLOT as
+    `LoRAAdapter.normalize_*` and `LoRAMemoryPool.load_lora_weight_to_buffer` place them (bf16, rows stacked)."""
+    dims = lora_module_shapes(config)  # module -> (in, out)
+    stacks = {**STACKS, "o_proj": ("o_proj",), "down_proj": ("down_proj",)}
+    a_buffer: dict[str, list[torch.Tensor]] = {}
+    b_buffer: dict[str, list[torch.Tensor]] = {}
+    for stack, members in stacks.items():
+        in_dim, out_total = dims[members[0]][0], sum(dims[m][1] for m in members)
+        a_buffer[stack] = [torch.zeros(MAX_LORAS, len(members) * rank, in_dim, dtype=torch.bfloat16)
+                           for _ in range(config["num_hidden_layers"])]
+        b_buffer[stack] = [torch.zeros(MAX_LORAS, out_total, rank, dtype=torch.bfloat16)
+                           for _ in range(config["num_hidden_layers"])]
+        for layer in range(config["num_hidden_layers"]):
+            part = "mlp" if stack in ("gate_up_proj", "down_proj") else "self_attn"
+            prefix = f"base_model.model.model.layers.{layer}.{part}"
+            a = torch.cat([tensors[f"{prefix}.{m}.lora_A.weight"] for m in members], 0)
+            b = torch.cat([tensors[f"{prefix}.{m}.lora_B.weight"] for m in members], 0)
+            a_buffer[stack][layer][SLOT, : a.shape[0], :].copy_(a)
+            b_buffer[stack][layer][SLOT, :, : b.shape[1]].copy_(b)
+    return SimpleNamespace(A_buffer=a_buffer, B_buffer=b_buffer, dtype=torch.bfloat16,
+                           uid_to_buffer_id={LORA_ID: SLOT}, get_buffer_id=lambda uid: {LORA_ID: SLOT}[uid])
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--out", type=Path, default=None)
+    args = parser.parse_args(argv)
+
+    fixtures = build_fixtures(fixture=QWEN3_0_6B_SHAPE)
+    config = json.loads((fixtures.model_dir / "config.json").read_text())
+    snapshot = snapshot_from_adapter_dir(fixtures.adapters["A"])
+    manifest: Manifest = snapshot.manifest
+    assert manifest.served is not None
+    serving = manifest.serving_config
+    rank = int(serving["r"])
+    pool = pool_shaped(config, dict(snapshot.tensors), rank)
+    adapter = SimpleNamespace(config=SimpleNamespace(r=rank, lora_alpha=serving["lora_alpha"],
+                                                     target_modules=serving["target_modules"]),
+                              scaling=serving["lora_alpha"] / rank)
+    manager = SimpleNamespace(memory_pool=pool, loras={LORA_ID: adapter})
+    float32 = {name: t.to(torch.float32) for name, t in snapshot.tensors.items()}
+
+    lines: list[str] = []
+
+    def say(line: str) -> None:
+        print(line, flush=True)
+        lines.append(line)
+
+    say(f"# benchmarks/served_digest.py {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')} "
+        f"commit={commit()} host_cpus={os.cpu_count()} threads={default_threads()} torch={torch.__version__}")
+    say(f"# fixture {QWEN3_0_6B_SHAPE} adapter A: {len(manifest.tensors)} tensors, "
+        f"{manifest.total_bytes / 1e6:.1f} MB, r={rank}, dtype {manifest.tensors[0].dtype}, "
+        f"hash {manifest.hash_kind}, pool slot {SLOT} of {MAX_LORAS}")
+    read_back(manager, LORA_ID, manifest)  # warm-up: the hashing pool's threads start
+    a_s: list[float] = []
+    ratios: list[float] = []
+    snap_s: list[float] = []
+    for rep in range(args.reps):
+        times: dict[str, float] = {}
+        for arm in ("ab" if rep % 2 == 0 else "ba"):
+            began = time.perf_counter()
+            answer = read_back(manager, LORA_ID, manifest)
+            times[arm] = time.perf_counter() - began
+            assert answer["digest"] == manifest.served.digest and answer["dtype"] == manifest.served.dtype, answer
+        began = time.perf_counter()
+        record = served_record(float32, "bfloat16", manifest.hash_kind)
+        snap_s.append(time.perf_counter() - began)
+        assert record == manifest.served  # bf16 -> f32 -> bf16 is exact: the same served digest
+        a_s.append(times["a"])
+        ratios.append(times["a"] / times["b"])
+        say(f"rep={rep} read_a_s={times['a']:.4f} read_b_s={times['b']:.4f} ratio={ratios[-1]:.3f} "
+            f"snapshot_served_s={snap_s[-1]:.4f}")
+    read, null, snap = bootstrap_median(a_s), bootstrap_median(ratios), bootstrap_median(snap_s)
+    say(f"# read-back (engine side) s: {fmt_interval(read)}; null ratio a/b: {fmt_interval(null)}; "
+        f"snapshot's served record from float32 (publisher side) s: {fmt_interval(snap)}")
+    say(f"read_s={read[0]:.4f} read_ci={read[1]:.4f},{read[2]:.4f} null_ratio={null[0]:.3f} "
+        f"null_ci={null[1]:.3f},{null[2]:.3f} snapshot_served_s={snap[0]:.4f} tensors={len(manifest.tensors)} "
+        f"mbytes={manifest.total_bytes / 1e6:.1f} threads={default_threads()} commit={commit()}")
+    if args.out is not None:
+        args.out.write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
