@@ -16,8 +16,12 @@ time; `null_ratio` is a/b per rep, the method timed against itself (near 1 with 
 host allows: the noise floor any comparison of read-back times must clear). `snapshot_served_s` is the publisher's
 side for a float32 snapshot of the same tensors (convert to bf16 with round-to-nearest-even and hash: what
 `snapshot_from_*` spends on the record; a bf16 snapshot reuses its manifest's hashes and costs nothing more).
-Medians over reps with 95% bootstrap intervals. Not a test: nothing is asserted but the digest. Last line:
-    read_s=… read_ci=…,… null_ratio=… null_ci=…,… snapshot_served_s=… tensors=… mbytes=… threads=… commit=…
+Medians over reps with 95% bootstrap intervals. The host's 1-minute load average is printed at the start and the end:
+on a 2-core host shared with other work the conversion's OpenMP regions wait for a descheduled worker at every
+barrier (measured here: 0.04-0.2 s alone, ~3 s beside two busy processes), while the read-back's hashing runs on
+Python threads without barriers. Not a test: nothing is asserted but the digest. Last line:
+    read_s=… read_ci=…,… null_ratio=… null_ci=…,… snapshot_served_s=… tensors=… mbytes=… threads=… loadavg=…,…
+    commit=…
 
     python benchmarks/served_digest.py [--reps 15] [--out benchmarks/results/FILE.txt]
 """
@@ -110,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
         print(line, flush=True)
         lines.append(line)
 
+    load_start = os.getloadavg()[0]
     say(f"# benchmarks/served_digest.py {datetime.datetime.now(datetime.UTC).isoformat(timespec='seconds')} "
-        f"commit={commit()} host_cpus={os.cpu_count()} threads={default_threads()} torch={torch.__version__}")
+        f"commit={commit()} host_cpus={os.cpu_count()} threads={default_threads()} torch={torch.__version__} "
+        f"loadavg_1m={load_start:.2f}")
     say(f"# fixture {QWEN3_0_6B_SHAPE} adapter A: {len(manifest.tensors)} tensors, "
         f"{manifest.total_bytes / 1e6:.1f} MB, r={rank}, dtype {manifest.tensors[0].dtype}, "
         f"hash {manifest.hash_kind}, pool slot {SLOT} of {MAX_LORAS}")
@@ -139,7 +145,8 @@ def main(argv: list[str] | None = None) -> int:
         f"snapshot's served record from float32 (publisher side) s: {fmt_interval(snap)}")
     say(f"read_s={read[0]:.4f} read_ci={read[1]:.4f},{read[2]:.4f} null_ratio={null[0]:.3f} "
         f"null_ci={null[1]:.3f},{null[2]:.3f} snapshot_served_s={snap[0]:.4f} tensors={len(manifest.tensors)} "
-        f"mbytes={manifest.total_bytes / 1e6:.1f} threads={default_threads()} commit={commit()}")
+        f"mbytes={manifest.total_bytes / 1e6:.1f} threads={default_threads()} "
+        f"loadavg={load_start:.2f},{os.getloadavg()[0]:.2f} commit={commit()}")
     if args.out is not None:
         args.out.write_text("\n".join(lines) + "\n")
     return 0
