@@ -15,6 +15,12 @@ The layout read here is SGLang 0.5.23's, for dense (non-MoE) modules at tp=1 (th
   stacked A at ``[slot, :r * c, :]`` and B at ``[slot, :, :r]`` (the standard, non-MoE path): member ``i``'s A is
   rows ``i*r .. (i+1)*r``, its B the rows after the members before it, columns ``:r``.
 
+The kernels (`torch_ops.sgemm_lora_a_fwd` / `_b_fwd` of the torch-native backend) read A's rows ``:c * r`` and
+B's columns ``:r`` of the slot; nothing else of it (the padding up to max rank) takes part. Within that region, what
+no manifest tensor covers (an absent k or up, a pool module the adapter does not target, which the load zero-fills)
+must be zero, or the engine would serve more than the snapshot: `stray_values` counts it, exactly (nonzero counts,
+no float sums), and a read-back with any is refused.
+
 Undoing that gives each manifest tensor as the pool holds it; they are hashed with the manifest's hash kind on the
 hashing pool (`hashing.hash_tensors`: threads on the CPU, the chunk kernel on a GPU) and folded into the served
 digest exactly as the publisher folds its snapshot's (`adapters/served.py`). The config is what the scheduler
@@ -27,7 +33,7 @@ import re
 import time
 from typing import Any
 
-from versioned_lora.adapters.hashing import hash_tensors
+from versioned_lora.adapters.hashing import submit_tensors
 from versioned_lora.adapters.manifest import Manifest, TensorEntry
 from versioned_lora.adapters.served import served_config, served_digest
 
@@ -106,6 +112,29 @@ def unstacked(pool: Any, buffer_id: int, manifest: Manifest, rank: int) -> dict[
     return out
 
 
+def stray_values(pool: Any, buffer_id: int, views: dict[str, Any], manifest: Manifest, rank: int) -> list[str]:
+    """Where the region the kernels read of slot `buffer_id` holds nonzero values no manifest tensor accounts for:
+    one line per (module, layer, A or B), empty when there are none."""
+    import torch
+
+    covered: dict[tuple[str, int, str], int] = {}
+    for entry in manifest.tensors:
+        stack, layer, which, *_ = _place(entry, pool)
+        key = (stack, layer, which)
+        covered[key] = covered.get(key, 0) + int(torch.count_nonzero(views[entry.name]))
+    found: list[str] = []
+    for stack in sorted(set(pool.A_buffer) & set(pool.B_buffer)):
+        width = len(STACKS.get(stack, (stack,)))
+        for layer, (a, b) in enumerate(zip(pool.A_buffer[stack], pool.B_buffer[stack], strict=True)):
+            if a.dim() != 3 or b.dim() != 3:
+                raise ReadBackError(f"pool module {stack!r} is not a dense [slots, rows, cols] buffer: not read here")
+            for which, region in (("A", a[buffer_id, : width * rank]), ("B", b[buffer_id, :, :rank])):
+                extra = int(torch.count_nonzero(region)) - covered.get((stack, layer, which), 0)
+                if extra:
+                    found.append(f"{stack} layer {layer} {which}: {extra} nonzero values outside its tensors")
+    return found
+
+
 def read_back(lora_manager: Any, lora_id: str, manifest: Manifest, threads: int | None = None) -> dict[str, Any]:
     """The served identity of loaded adapter `lora_id`, read from the pool: ``dtype``, ``digest``, ``config`` (as
     `adapters/served.py` spells them) and ``read_s``. Raises ReadBackError when the pool does not hold it."""
@@ -119,7 +148,12 @@ def read_back(lora_manager: Any, lora_id: str, manifest: Manifest, threads: int 
     buffer_id = pool.get_buffer_id(lora_id)  # LoRAMemoryPool.get_buffer_id: uid -> slot
     rank = int(adapter.config.r)
     views = unstacked(pool, buffer_id, manifest, rank)
-    hashes = hash_tensors(views, manifest.hash_kind, threads)
+    pending = submit_tensors(views, manifest.hash_kind, threads)  # hashed on the pool while the strays are counted
+    stray = stray_values(pool, buffer_id, views, manifest, rank)
+    hashes = pending.result()
+    if stray:
+        raise ReadBackError(f"the kernels of slot {buffer_id} read values the snapshot does not have: "
+                            + "; ".join(stray[:4]) + (f" (and {len(stray) - 4} more)" if len(stray) > 4 else ""))
     dtype = str(pool.dtype).removeprefix("torch.")
     digest = served_digest({name: (tuple(int(d) for d in v.shape), hashes[name]) for name, v in views.items()},
                            dtype, manifest.hash_kind)
