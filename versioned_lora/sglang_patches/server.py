@@ -15,8 +15,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from versioned_lora.sglang_patches import preflight
 from versioned_lora.sglang_patches.apply import apply_requested_patches
-from versioned_lora.sglang_patches.mechanism import replace_attribute, require_supported_sglang
+from versioned_lora.sglang_patches.mechanism import replace_attribute, requested_patch_sets, require_supported_sglang
 from versioned_lora.spec.wire import EXIT_WITH_PARENT_ENV, STANDBY_FILE_ENV
 
 logger = logging.getLogger(__name__)
@@ -86,6 +87,7 @@ def main(argv: list[str] | None = None) -> None:
     require_supported_sglang()
     if os.environ.get(EXIT_WITH_PARENT_ENV) == "1":
         exit_with_parent()
+    preflight.check(requested_patch_sets())  # before SGLang's imports: a refusal in a second, not after ~20 s
     from sglang.srt.entrypoints.http_server import launch_server
     from sglang.srt.server_args import prepare_server_args
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from versioned_lora.sglang_patches import introspection
+from versioned_lora.sglang_patches import introspection, preflight
 from versioned_lora.sglang_patches.managed import (
     audit,
     endpoints,
@@ -77,8 +77,7 @@ def apply(role: str) -> None:
     from sglang.srt.lora.lora_registry import LoRARegistry
     from sglang.srt.managers.tokenizer_manager import TokenizerManager
 
-    endpoints.require_token()  # before anything starts: a managed engine never runs without its token
-    endpoints.require_capability_key()  # ... nor without the registry's capability key
+    preflight.check([preflight.MANAGED_PATCH_SET])  # before anything starts: never without the token and the key
     for method in ("load_lora_adapter", "load_lora_adapter_from_tensors"):
         _stock_loads.setdefault(method, getattr(TokenizerManager, method))
     staging_channel.choose_address()  # inherited by the scheduler process launch_server spawns

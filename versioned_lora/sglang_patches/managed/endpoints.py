@@ -35,13 +35,13 @@ from versioned_lora.sglang_patches.managed.fields import BadRequest
 from versioned_lora.sglang_patches.managed.guards import is_managed_name
 from versioned_lora.sglang_patches.managed.staging import DiskSource, DistributedSource, StagingFailed, StagingSource
 from versioned_lora.sglang_patches.managed.staging_channel import SchedulerCallFailed
+from versioned_lora.sglang_patches.preflight import require_capability_key, require_token
 from versioned_lora.spec.identities import InvalidIdentity, check_lora_name
 from versioned_lora.spec.reasons import Reason
 from versioned_lora.spec.wire import (
     MANAGED_PREFIX,
     PROTOCOL_VERSION,
     SOURCE_ROOT_ENV,
-    TOKEN_ENV,
     TOKEN_HEADER,
     EngineRefusal,
     transfer_group_incarnation,
@@ -50,7 +50,6 @@ from versioned_lora.spec.wire import (
 logger = logging.getLogger(__name__)
 
 PREFIX = MANAGED_PREFIX.rstrip("/")
-MIN_TOKEN_LEN = 16
 MAX_CONTROL_BODY = 64 * 1024  # control messages are small; tensors travel over torch.distributed
 # `begin` carries the manifest, about 200 bytes a tensor: a LoRA on every linear module of an 8B model
 # (504 tensors) is ~100 KB, a mixture-of-experts LoRA can be tens of thousands of tensors.
@@ -292,48 +291,6 @@ def _to_json(value: Any) -> Any:
     if isinstance(value, str | int | float | bool) or value is None:
         return value if not hasattr(value, "value") else str(value)
     return str(value)
-
-
-class MissingToken(RuntimeError):
-    """The managed patch set does not start without a shared-secret token: managed endpoints change what an
-    engine serves, and an engine without a token would take those calls from anyone who can reach its port."""
-
-
-class MissingCapabilityKey(RuntimeError):
-    """The managed patch set does not start without the registry's capability key: without it an engine could
-    not tell an unload the registry decided from one a token holder made up."""
-
-
-def require_capability_key() -> capabilities.KeyRing:
-    """The engine's key ring, read from its environment once per process (the key files are read at start)."""
-    global _KEYRING
-    if _KEYRING is not None:
-        return _KEYRING
-    try:
-        ring = capabilities.keyring_from_env()
-    except (OSError, capabilities.CapabilityKeyError) as exc:
-        raise MissingCapabilityKey(f"the capability key could not be read: {exc}") from None
-    if ring is None:
-        raise MissingCapabilityKey(
-            f"versioned-lora managed engines need the deployment's capability key: ${capabilities.KEY_FILE_ENV} (a "
-            f"0600 file the registry actor reads too) or ${capabilities.KEY_ENV}; `versioned-lora keygen PATH` "
-            f"makes one (docs/runbook.md, 'KEY_MISMATCH')"
-        )
-    _KEYRING = ring
-    return ring
-
-
-_KEYRING: capabilities.KeyRing | None = None
-
-
-def require_token() -> str:
-    secret = os.environ.get(TOKEN_ENV, "")
-    if len(secret) < MIN_TOKEN_LEN:
-        raise MissingToken(
-            f"versioned-lora managed engines need ${TOKEN_ENV} of at least {MIN_TOKEN_LEN} characters "
-            f"({'unset' if not secret else f'{len(secret)} given'}); `versioned-lora engine` generates one"
-        )
-    return secret
 
 
 def token_matches(given: str, secret: str) -> bool:
