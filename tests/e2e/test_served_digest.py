@@ -4,15 +4,17 @@ After the load, each engine reads the candidate back from SGLang's LoRA memory p
 buffer id: what the kernels read), undoes the stacking and padding and hashes it (`managed/served_readback.py`); its
 `end` answers that served digest and the config it loaded, and the publisher requires both to equal the snapshot's
 (`runtime/served_check.py`, read by the table's `probe.mismatch` row). Injected (`managed/served_faults.py`, the
-test-only set): a byte flipped in the pool after SGLang's copy, and a load with another alpha than the manifest's;
-each is refused at `end`, typed, naming both sides.
+test-only set): a byte flipped in the pool after SGLang's copy, and a load with another alpha or fewer target modules
+than the manifest's; each is refused at `end`, typed, naming both sides.
 
 Everything but the injected fault is real: the Ray registry actor, the Publisher, both CPU engines."""
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
+import pytest
 from engine_helpers import client_for, run
 from test_publication_e2e import deployed
 
@@ -107,22 +109,27 @@ def test_injected_flipped_pool_byte_changes_the_served_logprob_and_is_refused_at
     run(body())
 
 
-def test_injected_load_with_another_alpha_than_the_manifests_is_refused_at_end_typed(
-    engines, fixtures, tmp_path
+@pytest.mark.parametrize("fault", ["alter_alpha", "drop_module"])
+def test_injected_load_with_another_config_than_the_manifests_is_refused_at_end_typed(
+    engines, fixtures, tmp_path, fault: str
 ) -> None:
+    """Another alpha (the weights applied at another scale), or a target module left out of the config."""
+
     async def body() -> None:
         async with deployed(engines, fixtures, tmp_path) as d:
             receipts = _record_receipts(d)
             version, c = d.candidate("C")
-            await _arm(d, "E0", "alter_alpha", c.lora_name)
+            await _arm(d, "E0", fault, c.lora_name)
             try:
                 outcome = await d.publisher.publish(version, c)
             finally:
-                await _arm(d, "E0", "alter_alpha", c.lora_name, release=True)
+                await _arm(d, "E0", fault, c.lora_name, release=True)
             expected = c.served_identity()
             loaded = receipts[("E0", c.lora_name)].served
             assert loaded is not None and loaded.digest == expected.digest  # the weights are right ...
-            assert loaded.config != expected.config  # ... applied at another scale
+            assert loaded.config != expected.config  # ... under another config
+            changed = {k for k, v in json.loads(loaded.config).items() if json.loads(expected.config)[k] != v}
+            assert changed == ({"lora_alpha", "scaling"} if fault == "alter_alpha" else {"target_modules"}), changed
             assert receipts[("E1", c.lora_name)].served == expected
             assert outcome.status is PublishStatus.FAILED_CLEAN, outcome
             assert outcome.reason == ServedRefusal.SERVED_CONFIG_MISMATCH, outcome

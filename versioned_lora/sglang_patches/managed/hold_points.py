@@ -17,8 +17,9 @@ Faults (`FAULTS`, a registry: the next call naming the armed version fails once,
   (`TokenizerManager._validate_one_request`, where our `generate_gate` check runs): SGLang answers it 500 and
   releases the reference on its own failure path (`_release_req_states_on_failure`).
 
-Faults of what the engine serves (`served_faults`: ``flip_pool_byte``, ``alter_alpha``): armed here too, carried out
-by the scheduler process, where SGLang's LoRA memory pool and the load from the stash are.
+Faults of what the engine serves (`served_faults.SCHEDULER_FAULTS`: ``flip_pool_byte``, ``alter_alpha``,
+``drop_module``): armed here too, carried out by the scheduler process, where SGLang's LoRA memory pool and the load
+from the stash are.
 
 A new fault is one entry in `FAULTS` and one ``if HOLDS.trip("<fault>", name): raise ...`` where the engine's code
 should fail. Armed through ``POST /versioned_lora/test_hold`` (``point``, ``lora_name``; ``release: true`` ends a
@@ -33,6 +34,7 @@ from typing import Any
 
 from versioned_lora.sglang_patches.managed import fields
 from versioned_lora.sglang_patches.managed.fields import BadRequest
+from versioned_lora.sglang_patches.managed.served_faults import SCHEDULER_FAULTS
 from versioned_lora.spec.wire import EngineRefusal
 
 PATCH_SET = "test_faults"
@@ -45,7 +47,7 @@ FAULTS: dict[str, str] = {
 # until released (`HoldPoints.take`), so every retry of that operation fails as long as the test needs.
 ENGINE_FAULTS = ("fail_load", "fail_unload")
 # The injected faults of what the engine serves (managed/served_faults.py), armed here, carried out by the scheduler.
-SERVED_FAULTS = ("flip_pool_byte", "alter_alpha")
+SERVED_FAULTS = SCHEDULER_FAULTS
 
 
 def points() -> tuple[str, ...]:

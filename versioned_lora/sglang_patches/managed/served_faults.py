@@ -6,7 +6,9 @@
   largest-magnitude element of its first A matrix gets its sign bit inverted, so the served weights (and the
   probe's logprobs) change while every byte the publisher sent and the engine verified is intact;
 - ``alter_alpha``: the named candidate is loaded with twice its manifest's ``lora_alpha`` (the config handed to
-  SGLang's load from the verified stash is changed), so the engine applies the right weights at the wrong scale.
+  SGLang's load from the verified stash is changed), so the engine applies the right weights at the wrong scale;
+- ``drop_module``: the named candidate is loaded with the last of its manifest's target modules left out of the
+  config (its tensors still reach the pool: SGLang stacks weights by their names).
 
 Both are armed like every engine fault, in the server (``POST /versioned_lora/test_hold``, point and lora_name); the
 server's side forwards the arming to the scheduler over the staging channel at the load (by attempt token for the
@@ -21,13 +23,14 @@ from typing import Any
 from versioned_lora.sglang_patches.mechanism import replace_attribute
 
 PATCH_SET = "test_faults"
-FLIP_POOL_BYTE, ALTER_ALPHA = "flip_pool_byte", "alter_alpha"
-SCHEDULER_FAULTS = (FLIP_POOL_BYTE, ALTER_ALPHA)
+FLIP_POOL_BYTE, ALTER_ALPHA, DROP_MODULE = "flip_pool_byte", "alter_alpha", "drop_module"
+CONFIG_FAULTS = (ALTER_ALPHA, DROP_MODULE)
+SCHEDULER_FAULTS = (FLIP_POOL_BYTE, *CONFIG_FAULTS)
 
-# Scheduler process: what the server armed (lora_ids whose pool slot gets a flipped byte; attempts loaded with the
-# wrong alpha).
+# Scheduler process: what the server armed (lora_ids whose pool slot gets a flipped byte; attempt -> the config
+# fault its load gets).
 _flips: set[str] = set()
-_alphas: set[str] = set()
+_configs: dict[str, str] = {}
 
 
 def install_server() -> None:
@@ -40,8 +43,9 @@ def install_server() -> None:
     stock = ManagedEngine._load_pinned
 
     async def load_pinned(self: ManagedEngine, name: str, attempt_token: str) -> Any:
-        if hold_points.HOLDS.take(ALTER_ALPHA, name):
-            await staging_channel.call("test_fault", fault=ALTER_ALPHA, key=attempt_token)
+        for fault in CONFIG_FAULTS:
+            if hold_points.HOLDS.take(fault, name):
+                await staging_channel.call("test_fault", fault=fault, key=attempt_token)
         outcome = await stock(self, name, attempt_token)
         instance = self.loaded.get(name)
         if instance is not None and hold_points.HOLDS.take(FLIP_POOL_BYTE, name):
@@ -64,7 +68,10 @@ def install_scheduler() -> None:
     def dispatch(method: str, payload: dict[str, Any]) -> dict[str, Any]:
         if method != "test_fault":
             return stock_dispatch(method, payload)
-        (_flips if payload["fault"] == FLIP_POOL_BYTE else _alphas).add(str(payload["key"]))
+        if payload["fault"] == FLIP_POOL_BYTE:
+            _flips.add(str(payload["key"]))
+        else:
+            _configs[str(payload["key"])] = str(payload["fault"])
         return {"armed": payload["fault"]}
 
     scheduler_side.dispatch = dispatch  # read by _serve_channel when the scheduler starts, after this
@@ -73,9 +80,11 @@ def install_scheduler() -> None:
 
     def verified(self: Any, attempt: str) -> tuple[dict[str, Any], dict[str, Any]]:
         tensors, config = stock_verified(self, attempt)
-        if attempt in _alphas:
-            _alphas.discard(attempt)
+        fault = _configs.pop(attempt, None)
+        if fault == ALTER_ALPHA:
             config = {**config, "lora_alpha": config["lora_alpha"] * 2}
+        elif fault == DROP_MODULE:
+            config = {**config, "target_modules": list(config["target_modules"])[:-1]}
         return tensors, config
 
     scheduler_side.StashStore.verified = verified  # type: ignore[method-assign]
