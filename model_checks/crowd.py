@@ -229,7 +229,8 @@ DEFAULT_BUDGET = Budget()
 SCENARIOS = ("commit_while_binding", "publish_while_bound", "reclaim_while_closing", "rehydrate_while_generating",
              "reclaim_while_rehydrating", "abort_while_committing", "zombie_stage", "zombie_settle", "zombie_epoch",
              "zombie_abort")
-# The bounds `make test` runs (tests/model_checks/test_crowd.py).
+# The bounds `make check-deep` runs every scenario under; `make test` leaves most scenarios' early-deadline bound to it
+# (model_checks/suite.py, DEEP_ONLY).
 CROWD_BOUNDS = (  # a session's cancels as well take publish_while_bound from 111k states (35 s) to 555k (177 s)
     Budget(drops=1, dups=0, deadlines=0, cancels=0),
     Budget(drops=0, dups=0, deadlines=1, cancels=0),

@@ -1,6 +1,7 @@
 """The model checks run without the coverage tracer (pytest-cov's `no_cover` marker on every test here), and the
-checker's suite (model_checks/suite.py, CHECKER_BOUNDS) is run once per session (`checked`) for every test that reads
-its verdicts (test_suite.py, test_drivers.py, test_crowd.py).
+checker's suite (model_checks/suite.py) is run once per session for every test that reads its verdicts (test_suite.py,
+test_drivers.py, test_crowd.py): SMOKE_BOUNDS in `make test` (`checked`), every entry in `make check-deep`
+(`checked_in_full`).
 
 `make test` measures the pure core's coverage (scripts/test.sh: 100% statement and branch of
 versioned_lora/lifecycle), and tests/lifecycle alone reaches it. The checkers call the core's step
@@ -32,7 +33,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 
 @pytest.fixture(scope="session")
 def checked() -> dict[suite.Entry, Checked]:
-    """Each entry of CHECKER_BOUNDS, checked (on a worker a core): entry -> its verdict and the rows it fired."""
+    """Each entry of SMOKE_BOUNDS (`make test`'s: every entry of CHECKER_BOUNDS but DEEP_ONLY), checked on a worker a
+    core: entry -> its verdict and the rows it fired."""
+    return dict(zip(suite.SMOKE_BOUNDS, suite.run(suite.SMOKE_BOUNDS), strict=True))
+
+
+@pytest.fixture(scope="session")
+def checked_in_full() -> dict[suite.Entry, Checked]:
+    """Each entry of CHECKER_BOUNDS (`make check-deep`'s), checked on a worker a core."""
     return dict(zip(suite.CHECKER_BOUNDS, suite.run(), strict=True))
 
 

@@ -59,10 +59,10 @@ def test_the_checker_kills_by_a_property_and_not_by_a_crash(script: Callable[[st
 
 
 @pytest.mark.deep  # make check-deep; make test's smoke is the fixed pair above
-def test_mutation_script_seed_1_kill_counts(checked: dict[Entry, Checked], tmp_path: Path,
+def test_mutation_script_seed_1_kill_counts(checked_in_full: dict[Entry, Checked], tmp_path: Path,
                                             script: Callable[[str], ModuleType]) -> None:
     baseline = tmp_path / "baseline.json"
-    script("mutate_spec").write_baseline([checked[entry] for entry in CHECKER_BOUNDS], baseline)
+    script("mutate_spec").write_baseline([checked_in_full[entry] for entry in CHECKER_BOUNDS], baseline)
     env = {k: v for k, v in os.environ.items() if not k.startswith("COV_CORE_")}  # pytest-cov's subprocess hook
     done = subprocess.run([*COMMAND, "--baseline", str(baseline)], cwd=ROOT, env=env, capture_output=True, text=True,
                           timeout=900, check=False)

@@ -5,12 +5,16 @@ one-driver bound fires are fired by a crowd or by the broken port (and the list 
 
 from __future__ import annotations
 
+import pytest
+
 from model_checks.crowd import DEFENSIVE_REACHED
 from model_checks.drivers import (
     BROKEN_PORT_BOUNDS,
     BROKEN_PORT_ROWS,
+    CORE_ROWS_NOT_REACHED,
     DEFENSIVE_ROWS,
     DIGESTS,
+    DRIVER_BOUNDS,
     NO_DRIVER_MAKES,
     WINDOW_BOUNDS,
     WINDOW_SCENARIOS,
@@ -27,7 +31,7 @@ from model_checks.drivers import (
     search,
     stuck,
 )
-from model_checks.suite import CHECKER_BOUNDS, Entry, report_line, rows_fired
+from model_checks.suite import CHECKER_BOUNDS, DEEP_ONLY, SMOKE_BOUNDS, Entry, report_line, rows_fired
 from versioned_lora.lifecycle import CORE, Reserve
 from versioned_lora.lifecycle.drivers import StageState
 from versioned_lora.lifecycle.results import Rejected
@@ -40,6 +44,8 @@ from versioned_lora.spec.table import ROWS
 
 def test_every_entry_holds_and_together_they_fire_every_row_but_the_listed_ones(checked: dict[Entry, Checked]) -> None:
     assert {module for module, _, _ in CHECKER_BOUNDS} == {"drivers", "crowd"}  # nothing but the real drivers
+    # make test's smoke checks every scenario of either module under some bound (model_checks/suite.py, DEEP_ONLY)
+    assert {entry[:2] for entry in checked} == {entry[:2] for entry in CHECKER_BOUNDS}
     for entry, c in checked.items():
         assert c.result.violation is None, (entry, c.result.violation, c.result.trace)
     driver, calls, probed = rows_fired(list(checked.values()))
@@ -89,3 +95,38 @@ def test_the_window_bound_holds_three_versions_and_refuses_the_fourth_at_reserve
         _, result, _ = CORE.step(world.registry, Reserve(refused, DIGESTS[refused]))
         assert isinstance(result, Rejected) and result.reason is Reason.CAPACITY_ERROR, result
     assert " capacities=2,3 " in report_line(list(checked.values()))
+
+
+@pytest.mark.deep  # make check-deep: every entry of CHECKER_BOUNDS
+def test_every_entry_holds_and_the_smoke_fires_every_row_the_whole_suite_fires(
+        checked_in_full: dict[Entry, Checked]) -> None:
+    """The whole suite, DEEP_ONLY's largest worlds among it, holds safety and liveness; and `make test`'s SMOKE_BOUNDS
+    fire every row the whole suite fires, of each table and in each group whose rows a test holds exact, so leaving
+    DEEP_ONLY to this run loses no row from `make test`."""
+    assert set(SMOKE_BOUNDS) | DEEP_ONLY == set(CHECKER_BOUNDS) and not set(SMOKE_BOUNDS) & DEEP_ONLY
+    bad = {entry: c.result.violation for entry, c in checked_in_full.items() if c.result.violation is not None}
+    assert bad == {}, bad
+
+    def rows(entries: list[Entry], group: str) -> set[str]:
+        """What a test of `make test` holds exact about `group`'s entries: every row fired (driver, core by a call or
+        a probe; the one-driver bounds' core rows by call and by probe apart), the crowd's rows no one-driver world
+        reaches (test_crowd.py), the broken port's defensive rows (above)."""
+        driver, calls, probed = rows_fired([checked_in_full[entry] for entry in entries])
+        if group == "one driver":
+            return {f"driver {r}" for r in driver} | {f"call {r}" for r in calls} | {f"probe {r}" for r in probed}
+        if group == "crowd":
+            return calls & CORE_ROWS_NOT_REACHED
+        if group == "broken port":
+            return driver & BROKEN_PORT_ROWS
+        return {f"driver {r}" for r in driver} | {f"core {r}" for r in calls | probed}
+
+    groups = {
+        "all": list(CHECKER_BOUNDS),
+        "one driver": [e for e in CHECKER_BOUNDS if e[0] == "drivers" and e[2] in DRIVER_BOUNDS],
+        "crowd": [e for e in CHECKER_BOUNDS if e[0] == "crowd"],
+        "broken port": [e for e in CHECKER_BOUNDS if e[0] == "drivers" and e[2] in BROKEN_PORT_BOUNDS],
+    }
+    for group, entries in groups.items():
+        smoke = [e for e in entries if e not in DEEP_ONLY]
+        assert rows(smoke, group) == rows(entries, group), (group, sorted(rows(entries, group) - rows(smoke, group)))
+    print(report_line(list(checked_in_full.values())))
