@@ -1,4 +1,5 @@
-# The two entry points the README opens with. Both set up .venv/ first (idempotent).
+# The two entry points the README opens with. Both set up .venv/ first (idempotent). .ci/run runs make test, then
+# make lint.
 .PHONY: setup demo test test-fast check-deep lint docs
 
 setup:
@@ -14,9 +15,10 @@ test: setup
 test-fast: setup
 	bash scripts/test.sh --fast
 
-# The seed campaigns (mutants of the spec and of the drivers on seed 1), out of `make test`, which keeps a
-# fixed-seed smoke of each. About half an hour on the 2-core host: run apart (not by .ci/run, whose 90 minutes
-# make test nearly fills), its output committed under benchmarks/results/.
+# The seed campaigns (mutants of the spec and of the drivers on seed 1) and the checker's every entry (model_checks/
+# suite.py: make test checks SMOKE_BOUNDS, every entry but DEEP_ONLY), out of `make test`, which keeps a fixed-seed
+# smoke of each. About 40 minutes on the 2-core host: run apart (not by .ci/run, whose 90 minutes make test and
+# make lint would not leave it), its output committed under benchmarks/results/.
 check-deep: setup
 	.venv/bin/python -m pytest --tb=native -p no:cacheprovider -m deep tests/model_checks
 
