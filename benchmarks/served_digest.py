@@ -23,18 +23,28 @@ Python threads without barriers. Not a test: nothing is asserted but the digest.
     read_s=… read_ci=…,… null_ratio=… null_ci=…,… snapshot_served_s=… tensors=… mbytes=… threads=… loadavg=…,…
     commit=…
 
-    python benchmarks/served_digest.py [--reps 15] [--out benchmarks/results/FILE.txt]
+With `--engine N`, the same figure from a running engine as well: one qwen3-0.6b-shape CPU engine (`--max-lora-rank
+64`, every linear module), N publications through the managed path (begin, 16 MiB buckets over gloo, end), adapters
+A, B, C in turn under fresh names, each reclaimed after it: `served_s` is what that engine's `end` spent reading the
+candidate back from its real pool (its status's `end_parts`), every digest checked against the snapshot's;
+`engine_null_ratio` is publication 2k's served_s over 2k+1's. Its line comes before the last:
+    engine_served_s=… engine_served_ci=…,… engine_null_ratio=… engine_null_ci=…,… publications=N
+
+    python benchmarks/served_digest.py [--reps 15] [--engine 0] [--out benchmarks/results/FILE.txt]
 """
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import datetime
 import json
 import os
 import subprocess
 import sys
+import tempfile
 import time
+import uuid
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -44,12 +54,20 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 import torch
 
 from benchmarks.online_publication import bootstrap_median, fmt_interval
+from benchmarks.publication_scale import SCALE_BUCKET, key_file_in
+from versioned_lora import capabilities
+from versioned_lora.adapters.engine_link import Candidate, EngineLink
+from versioned_lora.adapters.engine_process import EngineConfig, free_port_block, start_all
 from versioned_lora.adapters.hashing import default_threads
 from versioned_lora.adapters.manifest import Manifest
 from versioned_lora.adapters.served import served_record
+from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
-from versioned_lora.fixtures import QWEN3_0_6B_SHAPE, build_fixtures, lora_module_shapes
+from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
+from versioned_lora.fixtures import QWEN3_0_6B_PROBE_PROMPT, QWEN3_0_6B_SHAPE, build_fixtures, lora_module_shapes
 from versioned_lora.sglang_patches.managed.served_readback import STACKS, read_back
+from versioned_lora.spec.identities import VersionKey, lora_name
+from versioned_lora.spec.wire import TOKEN_ENV
 
 MEASURED_CODE = ("versioned_lora/adapters", "versioned_lora/sglang_patches/managed", "benchmarks")
 MAX_LORAS, SLOT, LORA_ID = 3, 1, "bench-lora-id"
@@ -88,9 +106,55 @@ def pool_shaped(config: dict[str, Any], tensors: dict[str, torch.Tensor], rank: 
                            uid_to_buffer_id={LORA_ID: SLOT}, get_buffer_id=lambda uid: {LORA_ID: SLOT}[uid])
 
 
+async def engine_figures(fixtures: Any, publications: int, say: Any) -> None:
+    """`publications` managed publications on one running 0.6B engine; each `end`'s read-back time from its status."""
+    token = "served-digest-bench"
+    with tempfile.TemporaryDirectory(prefix="served-digest-") as tmp:
+        key_file = key_file_in(Path(tmp))
+        key = capabilities.parse_key(key_file.read_text())
+        config = EngineConfig(model_dir=fixtures.model_dir, port=free_port_block(), log_path=Path(tmp) / "engine.log",
+                              max_lora_rank=fixtures.lora_rank, lora_target_modules=fixtures.target_modules,
+                              env={TOKEN_ENV: token, KEY_FILE_ENV: str(key_file)})
+        (engine,) = start_all([config])
+        try:
+            snapshots = {label: snapshot_from_adapter_dir(fixtures.adapters[label]) for label in "ABC"}
+            client = SGLangClient(engine.url, timeout_s=600.0, token=token)
+            link = await EngineLink.connect(client)
+            served_s: list[float] = []
+            for index in range(publications):
+                snapshot = snapshots["ABC"[index % 3]]
+                name = lora_name(VersionKey(7, f"bench{index}-{uuid.uuid4().hex[:6]}"), snapshot.digest)
+                candidate = Candidate.build(name, snapshot, SCALE_BUCKET)
+                attempt = f"attempt-{uuid.uuid4().hex[:8]}"
+                await link.begin(candidate, attempt)
+                for bucket in range(candidate.bucket_count):
+                    await link.transfer_bucket(candidate, attempt, bucket)
+                answer = (await link.end(candidate, attempt, QWEN3_0_6B_PROBE_PROMPT))["adapter"]
+                assert answer["served"].get("digest") == candidate.served_identity().digest, answer["served"]
+                parts = answer["end_parts"]
+                served_s.append(float(parts["served_s"]))
+                say(f"publication={index} adapter={'ABC'[index % 3]} served_s={parts['served_s']:.4f} "
+                    f"probe_s={parts['probe_s']:.4f} load_s={parts['load_s']:.4f}")
+                reclaim_id = f"bench-{index}"
+                await client.managed("reclaim", lora_name=name, reclaim_id=reclaim_id, wait_s=60, http_timeout_s=120,
+                                     capability=mint(key, Action.RECLAIM, name, reclaim_id))
+            link.close()
+            await client.aclose()
+        finally:
+            engine.stop()
+    served = bootstrap_median(served_s)
+    pairs = [a / b for a, b in zip(served_s[0::2], served_s[1::2], strict=False)]
+    null = bootstrap_median(pairs)
+    say(f"# engine read-back s (end_parts served_s): {fmt_interval(served)}; null ratio of publication pairs: "
+        f"{fmt_interval(null)}")
+    say(f"engine_served_s={served[0]:.4f} engine_served_ci={served[1]:.4f},{served[2]:.4f} "
+        f"engine_null_ratio={null[0]:.3f} engine_null_ci={null[1]:.3f},{null[2]:.3f} publications={publications}")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--reps", type=int, default=15)
+    parser.add_argument("--engine", type=int, default=0, help="publications through a running 0.6B engine (0: none)")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
 
@@ -140,6 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         ratios.append(times["a"] / times["b"])
         say(f"rep={rep} read_a_s={times['a']:.4f} read_b_s={times['b']:.4f} ratio={ratios[-1]:.3f} "
             f"snapshot_served_s={snap_s[-1]:.4f}")
+    if args.engine:
+        asyncio.run(engine_figures(fixtures, args.engine, say))
     read, null, snap = bootstrap_median(a_s), bootstrap_median(ratios), bootstrap_median(snap_s)
     say(f"# read-back (engine side) s: {fmt_interval(read)}; null ratio a/b: {fmt_interval(null)}; "
         f"snapshot's served record from float32 (publisher side) s: {fmt_interval(snap)}")
