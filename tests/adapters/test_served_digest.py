@@ -125,3 +125,18 @@ def test_the_served_check_refuses_a_digest_or_config_that_differs_naming_both_si
     missing = served_refusal(snapshot, _receipt(None, "KeyError: not resident"))
     assert missing is not None and missing.code == ServedRefusal.SERVED_DIGEST_MISMATCH
     assert "not resident" in missing.detail and "a" * 64 in missing.detail
+
+
+def test_an_end_answer_without_a_served_read_back_becomes_a_receipt_the_check_refuses() -> None:
+    """The engine's `end` answer, translated (adapters/engine_staging.py): a read-back the engine could not do, or an
+    answer with none (an engine that predates it), is a receipt without `served`, and why; the check refuses it."""
+    from versioned_lora.adapters.engine_staging import _served
+
+    identity = ServedIdentity("bfloat16", "a" * 64, "{}")
+    assert _served({"dtype": "bfloat16", "digest": "a" * 64, "config": "{}", "read_s": 0.1}) == (identity, "")
+    for raw, why in ((None, "carries no served digest"), ({"error": "ReadBackError: no pool slot"}, "no pool slot"),
+                     ({"dtype": "bfloat16"}, "lacks 'digest'")):
+        served, error = _served(raw)
+        assert served is None and why in error, (raw, error)
+        refused = served_refusal(identity, _receipt(None, error))
+        assert refused is not None and refused.code == ServedRefusal.SERVED_DIGEST_MISMATCH and why in refused.detail
