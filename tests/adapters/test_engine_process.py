@@ -35,6 +35,19 @@ def test_restart_mints_new_incarnation_and_leaves_no_orphans(engines) -> None:
     assert not [pid for pid in old_pids if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
 
 
+def test_a_cpu_engine_forks_its_scheduler_and_detokenizer_from_a_fork_server(engines) -> None:
+    """sglang_patches/cpu_compat.py: on a CPU host the server's children are forked from one process that imported
+    their modules (multiprocessing's fork server), not spawned from a fresh interpreter each; they are the
+    engine's processes all the same (process_ids, and so kill_hard, reach them)."""
+    processes = [psutil.Process(pid) for pid in engines.e0.process_ids()]
+    children = {" ".join(p.cmdline()): p for p in processes}
+    for title in ("sglang::scheduler", "sglang::detokenizer"):
+        (child,) = [p for line, p in children.items() if line.startswith(title)]
+        parent = child.parent()
+        assert parent is not None and "multiprocessing.forkserver" in " ".join(parent.cmdline()), title
+        assert parent.pid in engines.e0.process_ids()
+
+
 def test_a_restart_is_served_by_the_warm_standby_a_real_process_on_the_same_port(engines) -> None:
     """The suite's pool (tests/engine_pool.py): a kill -9 and a restart give a new process, a new and larger
     incarnation and the same address, and the standby that served it had bound no port before it was taken."""

@@ -234,7 +234,8 @@ class EngineProcess:
         return bool(client.get(f"{self.url}{STATUS_PATH}").json()["pid"] == self._proc.pid)
 
     def process_ids(self) -> list[int]:
-        """The server pid and every descendant (scheduler, detokenizer)."""
+        """The server pid and every descendant: the scheduler and the detokenizer (on a CPU host, with the fork server
+        they were forked from: sglang_patches/cpu_compat.py) and multiprocessing's resource tracker."""
         import psutil
 
         if self._proc is None or self._proc.poll() is not None:

@@ -1,7 +1,8 @@
 """Patch set "cpu": let SGLang 0.5.23's LoRA path run on a host without a CUDA driver.
 
 Applied only when ``torch.cuda.is_available()`` is false; on a GPU host it does nothing, so the
-same launcher serves both.
+same launcher serves both. In the server it starts the children from a fork server (faster engine starts); in the
+scheduler it makes the LoRA path and rope run without a driver.
 """
 
 from __future__ import annotations
@@ -55,14 +56,54 @@ def _tensor_pin_memory_noop(self: Any, *args: Any, **kwargs: Any) -> Any:
     return self
 
 
+# What the scheduler and the detokenizer import before they run (process_entry's targets and the SGLang modules
+# they call): the fork server imports them once, and each child forked from it starts with them imported.
+_CHILD_MODULES = (
+    "versioned_lora.sglang_patches.process_entry",
+    "sglang.srt.managers.scheduler",
+    "sglang.srt.managers.detokenizer_manager",
+)
+
+
+class _StartChildrenFromAForkServer:
+    """Replaces ``sglang.srt.entrypoints.engine._set_envs_and_config`` (SGLang 0.5.23), which ends by setting
+    multiprocessing's start method to *spawn* for the scheduler and detokenizer processes ``launch_server`` starts
+    next: each of them then imported torch, transformers and SGLang from nothing, about 15 CPU-s apiece on a CPU
+    host, a third of an engine's start (49.8 CPU-s, 2026-12-07). After the original runs, the start method is
+    *forkserver*, with the children's modules preloaded: one process imports them once and forks both children,
+    which start with nothing imported by the server and no patch applied (process_entry applies each child's own,
+    as under spawn). 33.4 CPU-s an engine start on this host (issue 42). A CPU host only: a fork server that
+    imported SGLang on a GPU host could hold CUDA state that a forked child must not inherit, and spawn stays."""
+
+    def __init__(self, original: Any) -> None:
+        self.original = original
+
+    def __call__(self, server_args: Any) -> Any:
+        import multiprocessing
+
+        done = self.original(server_args)
+        multiprocessing.set_start_method("forkserver", force=True)
+        multiprocessing.set_forkserver_preload(list(_CHILD_MODULES))
+        return done
+
+
 def apply(role: str) -> None:
     import importlib
 
     import torch
 
+    if torch.cuda.is_available():
+        return
+    if role == "server":
+        engine = importlib.import_module("sglang.srt.entrypoints.engine")
+        replace_attribute(
+            PATCH_SET, engine, "_set_envs_and_config", _StartChildrenFromAForkServer(engine._set_envs_and_config),
+            why="children forked from a server that imported their modules once, not spawned from nothing",
+        )
+        return
     # Only the scheduler builds LoRA batches and runs rope; the server and detokenizer never touch
     # these modules, so they stay stock there.
-    if role != "scheduler" or torch.cuda.is_available():
+    if role != "scheduler":
         return
     for module_name in _PINNING_MODULES:
         module = importlib.import_module(module_name)

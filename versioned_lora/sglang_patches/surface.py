@@ -77,6 +77,8 @@ SGLANG_SURFACE: tuple[SGLangUse, ...] = (
     SGLangUse("sglang.srt.lora.lora:torch", "replaced", "cpu_compat.py"),
     SGLangUse("sglang.srt.layers.rotary_embedding.base:_is_cpu", "replaced", "cpu_compat.py"),
     SGLangUse("sglang.srt.layers.rotary_embedding.base:_is_cpu_amx_available", "replaced", "cpu_compat.py"),
+    # a CPU host's engine forks its children from a fork server (faster starts); the original still runs first
+    SGLangUse("sglang.srt.entrypoints.engine:_set_envs_and_config", "replaced", "cpu_compat.py"),
     # test-only (the "test_faults" set): flip a byte of an armed adapter's slot after SGLang's copy into the pool
     SGLangUse(f"{_POOL}.load_lora_weight_to_buffer", "replaced", "managed/served_faults.py"),
     # ---- called
