@@ -59,7 +59,6 @@ import argparse
 import asyncio
 import json
 import random
-import statistics
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -70,6 +69,7 @@ import attrs
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
+from benchmarks.intervals import bootstrap_median, fmt_interval
 from versioned_lora.adapters.engine_link import Candidate
 from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.capabilities import write_key_file
@@ -230,15 +230,6 @@ def generated_tokens(records: Sequence[Any], start: float, end: float) -> float:
         lifetime = max(r.end - r.start, 1e-9)
         total += r.output_tokens * (min(r.end, end) - max(r.start, start)) / lifetime
     return total
-
-
-def bootstrap_median(values: Sequence[float], rounds: int = 2000, seed: int = 7) -> tuple[float, float, float]:
-    clean = [v for v in values if v == v]  # drop NaN
-    if not clean:
-        return float("nan"), float("nan"), float("nan")
-    rng = random.Random(seed)
-    medians = sorted(statistics.median(rng.choices(clean, k=len(clean))) for _ in range(rounds))
-    return statistics.median(clean), medians[int(0.025 * rounds)], medians[int(0.975 * rounds) - 1]
 
 
 def ratio(a: float, b: float) -> float:
@@ -577,11 +568,6 @@ def _log_window(w: Window) -> None:
           f"{f['throughput_rps']:5.2f} req/s  p95 "
           f"{1000 * f['latency_p95_s']:6.0f} ms  gap {f['no_progress_max_s']:5.2f} s  failed {f['failed']} "
           f"aborted {f['aborted']}  cache {f['cached_token_rate_continuing']:.0%}  audit {w.audit}", flush=True)
-
-
-def fmt_interval(triple: Sequence[float]) -> str:
-    """A (median, low, high) triple as `median [low, high]`."""
-    return f"{triple[0]:.3f} [{triple[1]:.3f}, {triple[2]:.3f}]"
 
 
 def last_line(managed: dict[str, Any], floor_ratio: float) -> str:

@@ -46,14 +46,14 @@ import tempfile
 import time
 import uuid
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout without installing
 
 import torch
 
-from benchmarks.online_publication import bootstrap_median, fmt_interval
+from benchmarks.intervals import bootstrap_median, fmt_interval
+from benchmarks.pool_layout import LORA_ID, manager_with, pool_with
 from benchmarks.publication_scale import SCALE_BUCKET, key_file_in
 from versioned_lora import capabilities
 from versioned_lora.adapters.engine_link import Candidate, EngineLink
@@ -65,12 +65,12 @@ from versioned_lora.adapters.sglang_client import SGLangClient
 from versioned_lora.adapters.snapshot import snapshot_from_adapter_dir
 from versioned_lora.capabilities import KEY_FILE_ENV, Action, mint
 from versioned_lora.fixtures import QWEN3_0_6B_PROBE_PROMPT, QWEN3_0_6B_SHAPE, build_fixtures, lora_module_shapes
-from versioned_lora.sglang_patches.managed.served_readback import STACKS, read_back
+from versioned_lora.sglang_patches.managed.served_readback import read_back
 from versioned_lora.spec.identities import VersionKey, lora_name
 from versioned_lora.spec.wire import TOKEN_ENV
 
 MEASURED_CODE = ("versioned_lora/adapters", "versioned_lora/sglang_patches/managed", "benchmarks")
-MAX_LORAS, SLOT, LORA_ID = 3, 1, "bench-lora-id"
+MAX_LORAS, SLOT = 3, 1
 
 
 def commit() -> str:
@@ -80,30 +80,6 @@ def commit() -> str:
     dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *MEASURED_CODE],
                            cwd=root, capture_output=True, text=True)  # fmt: skip
     return head.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
-
-
-def pool_shaped(config: dict[str, Any], tensors: dict[str, torch.Tensor], rank: int) -> SimpleNamespace:
-    """SGLang 0.5.23's pool for this model at max rank `rank`, with `tensors` copied into slot SLOT as
-    `LoRAAdapter.normalize_*` and `LoRAMemoryPool.load_lora_weight_to_buffer` place them (bf16, rows stacked)."""
-    dims = lora_module_shapes(config)  # module -> (in, out)
-    stacks = {**STACKS, "o_proj": ("o_proj",), "down_proj": ("down_proj",)}
-    a_buffer: dict[str, list[torch.Tensor]] = {}
-    b_buffer: dict[str, list[torch.Tensor]] = {}
-    for stack, members in stacks.items():
-        in_dim, out_total = dims[members[0]][0], sum(dims[m][1] for m in members)
-        a_buffer[stack] = [torch.zeros(MAX_LORAS, len(members) * rank, in_dim, dtype=torch.bfloat16)
-                           for _ in range(config["num_hidden_layers"])]
-        b_buffer[stack] = [torch.zeros(MAX_LORAS, out_total, rank, dtype=torch.bfloat16)
-                           for _ in range(config["num_hidden_layers"])]
-        for layer in range(config["num_hidden_layers"]):
-            part = "mlp" if stack in ("gate_up_proj", "down_proj") else "self_attn"
-            prefix = f"base_model.model.model.layers.{layer}.{part}"
-            a = torch.cat([tensors[f"{prefix}.{m}.lora_A.weight"] for m in members], 0)
-            b = torch.cat([tensors[f"{prefix}.{m}.lora_B.weight"] for m in members], 0)
-            a_buffer[stack][layer][SLOT, : a.shape[0], :].copy_(a)
-            b_buffer[stack][layer][SLOT, :, : b.shape[1]].copy_(b)
-    return SimpleNamespace(A_buffer=a_buffer, B_buffer=b_buffer, dtype=torch.bfloat16,
-                           uid_to_buffer_id={LORA_ID: SLOT}, get_buffer_id=lambda uid: {LORA_ID: SLOT}[uid])
 
 
 async def engine_figures(fixtures: Any, publications: int, say: Any) -> None:
@@ -165,11 +141,8 @@ def main(argv: list[str] | None = None) -> int:
     assert manifest.served is not None
     serving = manifest.serving_config
     rank = int(serving["r"])
-    pool = pool_shaped(config, dict(snapshot.tensors), rank)
-    adapter = SimpleNamespace(config=SimpleNamespace(r=rank, lora_alpha=serving["lora_alpha"],
-                                                     target_modules=serving["target_modules"]),
-                              scaling=serving["lora_alpha"] / rank)
-    manager = SimpleNamespace(memory_pool=pool, loras={LORA_ID: adapter})
+    pool = pool_with(snapshot.tensors, lora_module_shapes(config), config["num_hidden_layers"], rank, MAX_LORAS, SLOT)
+    manager = manager_with(pool, serving)
     float32 = {name: t.to(torch.float32) for name, t in snapshot.tensors.items()}
 
     lines: list[str] = []
