@@ -64,6 +64,7 @@ class Source:
         self.lora_name, self.attempt_token, self.incarnation, self.digest, self.bucket_count = NAME, TOKEN, 1, "d", 0
         self.tm, self.load_ok = tm, load_ok
         self.freed = False
+        self.manifest: Any = None  # no manifest: the read-back after a probe reports none (nothing here reads it)
         self.may_load = asyncio.Event()
         self.may_load.set()
         self.loading = asyncio.Event()
